@@ -1,0 +1,3 @@
+from layerpy.cli import main
+
+main()

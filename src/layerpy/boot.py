@@ -1,0 +1,113 @@
+"""Boot policy: *what* each machine gets, kept apart from *how* the protocols carry it.
+
+The DHCP service asks :meth:`BootPolicy.offer` and the HTTP service asks
+:meth:`BootPolicy.script`; neither knows about node files, firmware types or tokens.
+"""
+
+from __future__ import annotations
+
+from ipaddress import IPv4Address
+
+from layerpy.config import Config
+from layerpy.inventory import Inventory
+from layerpy.model import Node
+from layerpy.proto.dhcp import DISCOVER, DhcpPacket, Offer
+
+# RFC 4578 / IANA processor architecture types (DHCP option 93).
+ARCH_BIOS = 0
+ARCH_UEFI_X64 = (7, 9)
+
+
+def firmware_of(request: DhcpPacket) -> str:
+    """A short name for what is asking: ``ipxe``, ``bios``, ``uefi`` or ``os`` (no PXE)."""
+    if request.is_ipxe:
+        return "ipxe"
+    if not request.is_pxe_client:
+        return "os"
+    arch = request.client_arch
+    if arch in (None, ARCH_BIOS):
+        return "bios"
+    if arch in ARCH_UEFI_X64:
+        return "uefi"
+    return f"arch-{arch}"
+
+
+class BootPolicy:
+    def __init__(self, config: Config, inventory: Inventory) -> None:
+        self.config = config
+        self.inventory = inventory
+
+    @property
+    def base_url(self) -> str:
+        return self.config.server.url
+
+    def offer(self, request: DhcpPacket) -> Offer | None:
+        """The lease and boot instructions for a DHCP request, or None to stay silent."""
+        firmware = firmware_of(request)
+        node = self.inventory.by_mac(request.mac)
+        if node is None:
+            vendor = request.options.get(60, b"").decode("ascii", "replace") or None
+            self.inventory.saw_unknown(request.mac, firmware, vendor)
+            return None
+        node.mac = request.mac
+        if firmware != "os" and request.message_type == DISCOVER:
+            self.inventory.saw_boot_request(node, firmware)
+        return self._offer_for(node, firmware)
+
+    def acknowledged(self, request: DhcpPacket) -> None:
+        """The lease was confirmed; part of the boot timeline when firmware asked."""
+        node = self.inventory.by_mac(request.mac)
+        if node is not None and firmware_of(request) != "os":
+            self.inventory.mark(node, "dhcp_ack")
+
+    def _offer_for(self, node: Node, firmware: str) -> Offer:
+        server, network, ipxe = self.config.server, self.config.network, self.config.ipxe
+        boot: dict[str, object] = {}
+        if firmware == "ipxe":
+            boot = {"bootfile": self.script_url(node), "ipxe_no_pxedhcp": True}
+        elif firmware in ("bios", "uefi"):
+            bootfile = ipxe.bios if firmware == "bios" else ipxe.uefi
+            boot = {"bootfile": bootfile, "next_server": server.address}
+        return Offer(
+            address=node.config.ip,
+            server_id=server.address,
+            subnet_mask=network.subnet.netmask,
+            lease_time=network.lease_time,
+            router=network.gateway,
+            dns=network.dns,
+            domain=network.domain,
+            hostname=node.name,
+            **boot,  # type: ignore[arg-type]
+        )
+
+    def script_url(self, node: Node) -> str:
+        return f"{self.base_url}/boot/{node.name}.ipxe"
+
+    def script(self, node: Node) -> str:
+        """The iPXE script that loads the minOS with this boot's token."""
+        token = self.inventory.issue_token(node)
+        minos = self.config.minos
+        args = [
+            "initrd=minos",
+            minos.cmdline,
+            f"layerpy.server={self.base_url}",
+            f"layerpy.node={node.name}",
+            f"layerpy.token={token}",
+            f"layerpy.heartbeat={self.config.server.heartbeat:g}",
+            "BOOTIF=01-" + (node.mac or node.config.mac or "").replace(":", "-"),
+        ]
+        cmdline = " ".join(arg for arg in args if arg)
+        return (
+            "#!ipxe\n"
+            f"echo layerpy: booting {node.name} into the minOS\n"
+            f"kernel {self.base_url}/minos/kernel {cmdline}\n"
+            f"initrd --name minos {self.base_url}/minos/initrd\n"
+            "boot\n"
+        )
+
+    def node_for_fetch(self, remote: str) -> Node | None:
+        """The node a boot-file request comes from, known by its address."""
+        try:
+            return self.inventory.by_ip(IPv4Address(remote))
+        except ValueError:
+            return None

@@ -1,0 +1,127 @@
+"""The ``layerpy`` command line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from layerpy import __version__
+from layerpy.config import Config, ConfigError, load
+
+CONFIG_OPTION = click.option(
+    "-c",
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="The node file (TOML).",
+)
+
+console = Console()
+
+
+def _load_or_exit(path: Path) -> Config:
+    try:
+        return load(path)
+    except ConfigError as error:
+        click.echo(error.render(), err=True)
+        click.echo(f"{path}: {len(error.problems)} problem(s); nothing was applied.", err=True)
+        sys.exit(2)
+
+
+@click.group()
+@click.version_option(__version__)
+def main() -> None:
+    """Network boot and node lifecycle for clusters and testbeds."""
+
+
+@main.command()
+@CONFIG_OPTION
+@click.option("--debug", is_flag=True, help="Debug logging, including every request.")
+def serve(config_path: Path, debug: bool) -> None:
+    """Run DHCP, TFTP and HTTP for the nodes in the node file."""
+    from layerpy.server import serve as run_server
+
+    config = _load_or_exit(config_path)
+    logging.basicConfig(
+        level=logging.DEBUG if debug or config.server.log_requests else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("aiohttp").setLevel(logging.WARNING)
+    try:
+        asyncio.run(run_server(config))
+    except OSError as error:
+        click.echo(f"layerpy serve: {error}", err=True)
+        sys.exit(1)
+
+
+@main.command()
+@CONFIG_OPTION
+def check(config_path: Path) -> None:
+    """Validate the node file and summarise it; exit 2 on any problem."""
+    config = _load_or_exit(config_path)
+    server, network = config.server, config.network
+    groups = sorted({n.group for n in config.nodes.values() if n.group})
+    console.print(f"[bold]{config.path}[/] is valid")
+    console.print(f"  server   {server.address} on {server.interface or '-'}, http {server.url}")
+    console.print(
+        f"  dhcp     {server.dhcp}, subnet {network.subnet}, lease {network.lease_time} s"
+    )
+    console.print(f"  minos    {config.minos.kernel} + {config.minos.initrd}")
+    console.print(f"  nodes    {len(config.nodes)} in {len(groups)} group(s) {', '.join(groups)}")
+    table = Table("node", "group", "ip", "mac")
+    for node in config.nodes.values():
+        table.add_row(node.name, node.group or "-", str(node.ip), node.mac or "-")
+    console.print(table)
+
+
+@main.command()
+@click.option("-c", "--config", "config_path", type=click.Path(path_type=Path))
+@click.option("--server", "server_url", help="Server URL (default: from the node file).")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
+def status(config_path: Path | None, server_url: str | None, as_json: bool) -> None:
+    """Show every node's run state and the timeline of its current boot."""
+    nodes = _api_get(_server_url(config_path, server_url), "/api/v1/nodes")
+    if as_json:
+        click.echo(json.dumps(nodes, indent=2))
+        return
+    table = Table("node", "mac", "ip", "state", "boots", "timeline (s since boot start)")
+    for node in nodes:
+        timeline = " ".join(f"{k}={v:g}" for k, v in node["timeline"].items())
+        table.add_row(
+            node["name"],
+            node["mac"] or "-",
+            node["ip"],
+            node["run_state"],
+            str(node["boots"]),
+            timeline,
+        )
+    console.print(table)
+
+
+def _server_url(config_path: Path | None, server_url: str | None) -> str:
+    if server_url:
+        return server_url.rstrip("/")
+    if config_path is None:
+        raise click.UsageError("give the node file (-c) or --server URL")
+    config = _load_or_exit(config_path)
+    return f"http://127.0.0.1:{config.server.http_port}"
+
+
+def _api_get(base: str, path: str) -> Any:
+    try:
+        with urllib.request.urlopen(base + path, timeout=10) as response:
+            return json.load(response)
+    except (urllib.error.URLError, OSError) as error:
+        click.echo(f"cannot reach the layerpy server at {base}: {error}", err=True)
+        sys.exit(1)

@@ -1,0 +1,559 @@
+"""The node file: TOML in, a typed and validated :class:`Config` out.
+
+This is the only module that reads the file. Every problem is collected (not just the
+first) and reported with the file, the line where it can be found, the key path and what
+is wrong, so ``layerpy check`` can say everything in one go.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv4Network
+from pathlib import Path
+from typing import Any
+
+from layerpy import hostlist
+
+DHCP_MODES = ("authoritative", "off")
+_MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class Problem:
+    key: str
+    message: str
+    line: int | None = None
+
+
+class ConfigError(Exception):
+    """The node file is unusable; ``problems`` lists every reason."""
+
+    def __init__(self, path: Path, problems: list[Problem]) -> None:
+        self.path = path
+        self.problems = problems
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        lines = []
+        for problem in self.problems:
+            where = f"{self.path}:{problem.line}" if problem.line else str(self.path)
+            key = f" {problem.key}:" if problem.key else ""
+            lines.append(f"{where}:{key} {problem.message}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    address: IPv4Address
+    interface: str | None = None
+    http_port: int = 8080
+    tftp_port: int = 69
+    dhcp: str = "authoritative"
+    state_dir: Path = Path("/var/lib/layerpy")
+    heartbeat: float = 5.0
+    lost_after: int = 3
+    log_requests: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.http_port}"
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    subnet: IPv4Network
+    gateway: IPv4Address | None = None
+    dns: tuple[IPv4Address, ...] = ()
+    domain: str | None = None
+    lease_time: int = 3600
+    pool: tuple[IPv4Address, IPv4Address] | None = None
+
+
+@dataclass(frozen=True)
+class MinosConfig:
+    kernel: Path
+    initrd: Path
+    cmdline: str = ""
+
+
+@dataclass(frozen=True)
+class IpxeConfig:
+    directory: Path = Path("/usr/lib/ipxe")
+    bios: str = "undionly.kpxe"
+    uefi: str = "snponly.efi"
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str
+    ip: IPv4Address
+    mac: str | None = None
+    group: str | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path
+    server: ServerConfig
+    network: NetworkConfig
+    minos: MinosConfig
+    ipxe: IpxeConfig
+    nodes: dict[str, NodeConfig] = field(default_factory=dict)
+
+    def node_by_mac(self) -> dict[str, NodeConfig]:
+        return {node.mac: node for node in self.nodes.values() if node.mac}
+
+
+def load(path: str | Path) -> Config:
+    """Read and validate a node file; raise :class:`ConfigError` listing every problem."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError(path, [Problem("", f"cannot read the file: {error.strerror}")]) from None
+    return parse(text, path)
+
+
+def parse(text: str, path: Path) -> Config:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        line = _line_of_syntax_error(str(error))
+        raise ConfigError(path, [Problem("", f"TOML syntax error: {error}", line)]) from None
+    reader = _Reader(path, text)
+    config = reader.config(data)
+    if reader.problems or config is None:
+        raise ConfigError(path, reader.problems)
+    return config
+
+
+def _line_of_syntax_error(message: str) -> int | None:
+    match = re.search(r"at line (\d+)", message)
+    return int(match.group(1)) if match else None
+
+
+class _Reader:
+    """Walks the parsed TOML, converting values and collecting problems."""
+
+    def __init__(self, path: Path, text: str) -> None:
+        self.file = path
+        self.base = path.parent
+        self.lines = _key_lines(text)
+        self.problems: list[Problem] = []
+
+    def problem(self, key: str, message: str) -> None:
+        self.problems.append(Problem(key, message, self._line(key)))
+
+    def _line(self, key: str) -> int | None:
+        while key:
+            if key in self.lines:
+                return self.lines[key]
+            key = key.rpartition(".")[0]
+        return None
+
+    # -- typed access -----------------------------------------------------------------
+
+    def table(self, data: dict[str, Any], key: str, allowed: set[str] | None) -> dict[str, Any]:
+        """A top-level table; with ``allowed``, any other key in it is a problem."""
+        value = data.get(key, {})
+        if not isinstance(value, dict):
+            self.problem(key, f"must be a table, not {_kind(value)}")
+            return {}
+        for unknown in sorted(set(value) - allowed) if allowed is not None else ():
+            self.problem(
+                f"{key}.{unknown}", f"unknown key (known keys: {', '.join(sorted(allowed))})"
+            )
+        return value
+
+    def get(
+        self,
+        table: dict[str, Any],
+        key: str,
+        kind: type | tuple[type, ...],
+        convert: Callable[[Any], Any] | None = None,
+        *,
+        default: Any = None,
+        required: bool = False,
+        prefix: str,
+    ) -> Any:
+        full = f"{prefix}.{key}"
+        if key not in table:
+            if required:
+                self.problem(full, "is required")
+            return default
+        value = table[key]
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind in (int, float)):
+            expected = (
+                kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            )
+            self.problem(full, f"must be {_article(expected)}, not {_kind(value)}")
+            return default
+        if convert is None:
+            return value
+        try:
+            return convert(value)
+        except ValueError as error:
+            self.problem(full, str(error))
+            return default
+
+    def path(self, value: str) -> Path:
+        candidate = Path(value).expanduser()
+        return candidate if candidate.is_absolute() else (self.base / candidate)
+
+    # -- sections ---------------------------------------------------------------------
+
+    def config(self, data: dict[str, Any]) -> Config | None:
+        for unknown in sorted(
+            set(data) - {"server", "network", "minos", "ipxe", "groups", "nodes"}
+        ):
+            self.problem(
+                unknown,
+                "unknown section (known: server, network, minos, ipxe, groups, nodes)",
+            )
+        network = self.network(data)
+        server = self.server(data, network)
+        minos = self.minos(data)
+        ipxe = self.ipxe(data, server)
+        nodes = self.nodes(data, network, server)
+        if None in (server, network, minos) or self.problems:
+            return None
+        return Config(self.file, server, network, minos, ipxe, nodes)  # type: ignore[arg-type]
+
+    def server(self, data: dict[str, Any], network: NetworkConfig | None) -> ServerConfig | None:
+        keys = {
+            "address",
+            "interface",
+            "http_port",
+            "tftp_port",
+            "dhcp",
+            "state_dir",
+            "heartbeat",
+            "lost_after",
+            "log_requests",
+        }
+        table = self.table(data, "server", keys)
+        get = self._getter(table, "server")
+        address = get("address", str, _ipv4, required=True)
+        dhcp = get("dhcp", str, _choice(DHCP_MODES), default="authoritative")
+        interface = get("interface", str)
+        if dhcp != "off" and interface is None and "server" in data:
+            self.problem("server.interface", f"is required when dhcp = {dhcp!r}")
+        if address and network and address not in network.subnet:
+            self.problem("server.address", f"{address} is outside network.subnet {network.subnet}")
+        if address is None:
+            return None
+        return ServerConfig(
+            address=address,
+            interface=interface,
+            http_port=get("http_port", int, _port, default=8080),
+            tftp_port=get("tftp_port", int, _port, default=69),
+            dhcp=dhcp or "authoritative",
+            state_dir=self.path(get("state_dir", str, default="/var/lib/layerpy")),
+            heartbeat=float(get("heartbeat", (int, float), _positive, default=5.0)),
+            lost_after=get("lost_after", int, _positive, default=3),
+            log_requests=get("log_requests", bool, default=False),
+        )
+
+    def network(self, data: dict[str, Any]) -> NetworkConfig | None:
+        keys = {"subnet", "gateway", "dns", "domain", "lease_time", "pool"}
+        table = self.table(data, "network", keys)
+        get = self._getter(table, "network")
+        subnet = get("subnet", str, _subnet, required=True)
+        gateway = get("gateway", str, _ipv4)
+        dns = get("dns", list, _ipv4_list, default=())
+        pool = get("pool", str, _pool)
+        if subnet:
+            if gateway and gateway not in subnet:
+                self.problem("network.gateway", f"{gateway} is outside network.subnet {subnet}")
+            if pool and not (pool[0] in subnet and pool[1] in subnet):
+                self.problem("network.pool", f"{pool[0]}-{pool[1]} is not inside {subnet}")
+        if subnet is None:
+            return None
+        return NetworkConfig(
+            subnet=subnet,
+            gateway=gateway,
+            dns=dns,
+            domain=get("domain", str),
+            lease_time=get("lease_time", int, _positive, default=3600),
+            pool=pool,
+        )
+
+    def minos(self, data: dict[str, Any]) -> MinosConfig | None:
+        table = self.table(data, "minos", {"kernel", "initrd", "cmdline"})
+        get = self._getter(table, "minos")
+        kernel = get("kernel", str, self._existing_file, required=True)
+        initrd = get("initrd", str, self._existing_file, required=True)
+        cmdline = get("cmdline", str, default="")
+        if kernel is None or initrd is None:
+            return None
+        return MinosConfig(kernel, initrd, cmdline)
+
+    def ipxe(self, data: dict[str, Any], server: ServerConfig | None) -> IpxeConfig:
+        table = self.table(data, "ipxe", {"dir", "bios", "uefi"})
+        get = self._getter(table, "ipxe")
+        defaults = IpxeConfig()
+        directory = get("dir", str, self.path, default=defaults.directory)
+        ipxe = IpxeConfig(
+            directory,
+            get("bios", str, _plain_file_name, default=defaults.bios),
+            get("uefi", str, _plain_file_name, default=defaults.uefi),
+        )
+        if server and server.dhcp != "off":
+            for key, name in (("bios", ipxe.bios), ("uefi", ipxe.uefi)):
+                if not (directory / name).is_file():
+                    self.problem(
+                        f"ipxe.{key}",
+                        f"{directory / name} does not exist (install Debian's ipxe package "
+                        "or set ipxe.dir)",
+                    )
+        return ipxe
+
+    def nodes(
+        self, data: dict[str, Any], network: NetworkConfig | None, server: ServerConfig | None
+    ) -> dict[str, NodeConfig]:
+        nodes: dict[str, NodeConfig] = {}
+        origin: dict[str, str] = {}
+        groups = self.table(data, "groups", None)
+        for group_name, table in groups.items():
+            for node in self.group(group_name, table):
+                self._add(nodes, origin, node, f"groups.{group_name}.nodes")
+        overrides = self.table(data, "nodes", None)
+        for name, table in overrides.items():
+            node = self.override(name, table, nodes.get(name))
+            if node is not None:
+                nodes[name] = node
+                origin.setdefault(name, f"nodes.{name}")
+        self._check_unique(nodes, origin, network, server)
+        return nodes
+
+    def group(self, name: str, table: Any) -> Iterator[NodeConfig]:
+        prefix = f"groups.{name}"
+        if not isinstance(table, dict):
+            self.problem(prefix, f"must be a table, not {_kind(table)}")
+            return
+        for unknown in sorted(set(table) - {"nodes", "ip", "mac"}):
+            self.problem(f"{prefix}.{unknown}", "unknown key (known keys: ip, mac, nodes)")
+        get = self._getter(table, prefix)
+        names = get("nodes", str, hostlist.expand, required=True)
+        ips = get("ip", str, _ipv4_range, required=True)
+        macs = get("mac", (list, str), _mac_list)
+        if names is None or ips is None:
+            return
+        for key, values in (("ip", ips), ("mac", macs)):
+            if values is not None and len(values) != len(names):
+                self.problem(
+                    f"{prefix}.{key}",
+                    f"has {len(values)} entries for {len(names)} nodes; ranges must have "
+                    "the same length",
+                )
+                return
+        for index, node_name in enumerate(names):
+            if not _NAME.match(node_name):
+                self.problem(f"{prefix}.nodes", f"{node_name!r} is not a valid host name")
+                continue
+            yield NodeConfig(node_name, ips[index], macs[index] if macs else None, name)
+
+    def override(self, name: str, table: Any, base: NodeConfig | None) -> NodeConfig | None:
+        prefix = f"nodes.{name}"
+        if not isinstance(table, dict):
+            self.problem(prefix, f"must be a table, not {_kind(table)}")
+            return None
+        if not _NAME.match(name):
+            self.problem(prefix, f"{name!r} is not a valid host name")
+            return None
+        for unknown in sorted(set(table) - {"ip", "mac"}):
+            self.problem(f"{prefix}.{unknown}", "unknown key (known keys: ip, mac)")
+        get = self._getter(table, prefix)
+        ip = get("ip", str, _ipv4, required=base is None)
+        mac = get("mac", str, _mac)
+        if base is None:
+            return NodeConfig(name, ip, mac) if ip else None
+        return NodeConfig(name, ip or base.ip, mac or base.mac, base.group)
+
+    def _add(
+        self, nodes: dict[str, NodeConfig], origin: dict[str, str], node: NodeConfig, key: str
+    ) -> None:
+        if node.name in nodes:
+            self.problem(key, f"node {node.name} is already defined by {origin[node.name]}")
+            return
+        nodes[node.name] = node
+        origin[node.name] = key
+
+    def _check_unique(
+        self,
+        nodes: dict[str, NodeConfig],
+        origin: dict[str, str],
+        network: NetworkConfig | None,
+        server: ServerConfig | None,
+    ) -> None:
+        seen_ip: dict[IPv4Address, str] = {}
+        seen_mac: dict[str, str] = {}
+        for node in nodes.values():
+            key = origin[node.name]
+            if node.ip in seen_ip:
+                self.problem(
+                    key, f"{node.name} has IP {node.ip}, already used by {seen_ip[node.ip]}"
+                )
+            seen_ip.setdefault(node.ip, node.name)
+            if node.mac and node.mac in seen_mac:
+                self.problem(
+                    key, f"{node.name} has MAC {node.mac}, already used by {seen_mac[node.mac]}"
+                )
+            if node.mac:
+                seen_mac.setdefault(node.mac, node.name)
+            if network is not None:
+                subnet = network.subnet
+                if node.ip not in subnet:
+                    self.problem(
+                        key, f"{node.name}'s IP {node.ip} is outside network.subnet {subnet}"
+                    )
+                elif node.ip in (subnet.network_address, subnet.broadcast_address):
+                    self.problem(
+                        key,
+                        f"{node.name}'s IP {node.ip} is the subnet's network or broadcast address",
+                    )
+                elif network.pool and network.pool[0] <= node.ip <= network.pool[1]:
+                    self.problem(key, f"{node.name}'s IP {node.ip} lies inside network.pool")
+            if server is not None and node.ip == server.address:
+                self.problem(key, f"{node.name}'s IP {node.ip} is the server's own address")
+
+    def _getter(self, table: dict[str, Any], prefix: str) -> Callable[..., Any]:
+        def get(key: str, kind: Any, convert: Any = None, **options: Any) -> Any:
+            return self.get(table, key, kind, convert, prefix=prefix, **options)
+
+        return get
+
+    def _existing_file(self, value: str) -> Path:
+        path = self.path(value)
+        if not path.is_file():
+            raise ValueError(f"{path} does not exist (build the minOS with minos/build.sh)")
+        return path
+
+
+# -- value converters: raise ValueError with a message the user can act on -----------------
+
+
+def _ipv4(value: str) -> IPv4Address:
+    try:
+        return IPv4Address(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IPv4 address") from None
+
+
+def _ipv4_list(values: list[Any]) -> tuple[IPv4Address, ...]:
+    if not all(isinstance(v, str) for v in values):
+        raise ValueError("must be a list of IPv4 address strings")
+    return tuple(_ipv4(v) for v in values)
+
+
+def _ipv4_range(value: str) -> list[IPv4Address]:
+    try:
+        return [_ipv4(item) for item in hostlist.expand(value)]
+    except hostlist.HostlistError as error:
+        raise ValueError(str(error)) from None
+
+
+def _subnet(value: str) -> IPv4Network:
+    try:
+        return IPv4Network(value)
+    except ValueError as error:
+        raise ValueError(f"{value!r} is not an IPv4 subnet like 10.99.0.0/24 ({error})") from None
+
+
+def _pool(value: str) -> tuple[IPv4Address, IPv4Address]:
+    first, dash, last = value.partition("-")
+    if not dash:
+        raise ValueError(f"{value!r} must be a range like 10.99.0.200-10.99.0.250")
+    low, high = _ipv4(first.strip()), _ipv4(last.strip())
+    if high < low:
+        raise ValueError(f"{value!r} runs backwards")
+    return low, high
+
+
+def _mac(value: str) -> str:
+    mac = value.strip().lower().replace("-", ":")
+    if not _MAC.match(mac):
+        raise ValueError(f"{value!r} is not a MAC address like 52:54:00:12:34:56")
+    return mac
+
+
+def _mac_list(value: list[Any] | str) -> list[str]:
+    items = [value] if isinstance(value, str) else value
+    if not all(isinstance(item, str) for item in items):
+        raise ValueError("must be a list of MAC address strings")
+    return [_mac(item) for item in items]
+
+
+def _port(value: int) -> int:
+    if not 1 <= value <= 65535:
+        raise ValueError(f"{value} is not a port number (1-65535)")
+    return value
+
+
+def _positive(value: float) -> float:
+    if value <= 0:
+        raise ValueError(f"{value} must be greater than zero")
+    return value
+
+
+def _plain_file_name(value: str) -> str:
+    if "/" in value or value in ("", ".", ".."):
+        raise ValueError(f"{value!r} must be a file name inside ipxe.dir")
+    return value
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        if value not in options:
+            raise ValueError(f"{value!r} is not one of: {', '.join(options)}")
+        return value
+
+    return check
+
+
+def _kind(value: Any) -> str:
+    names = {
+        str: "a string",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        list: "a list",
+        dict: "a table",
+    }
+    return names.get(type(value), type(value).__name__)
+
+
+def _article(name: str) -> str:
+    words = {
+        "str": "a string",
+        "int": "an integer",
+        "float": "a number",
+        "bool": "a boolean",
+        "list": "a list",
+        "dict": "a table",
+    }
+    return " or ".join(words.get(part, part) for part in name.split(" or "))
+
+
+def _key_lines(text: str) -> dict[str, int]:
+    """Map dotted key paths to the line that defines them (best effort, for messages)."""
+    lines: dict[str, int] = {}
+    table = ""
+    header = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+    assignment = re.compile(r"^\s*([A-Za-z0-9_.\"' -]+?)\s*=")
+    for number, line in enumerate(text.splitlines(), start=1):
+        if match := header.match(line):
+            table = _normalise_key(match.group(1))
+            lines.setdefault(table, number)
+        elif match := assignment.match(line):
+            key = _normalise_key(match.group(1))
+            lines.setdefault(f"{table}.{key}" if table else key, number)
+    return lines
+
+
+def _normalise_key(key: str) -> str:
+    return ".".join(part.strip().strip("\"'") for part in key.split("."))

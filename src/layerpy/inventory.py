@@ -1,0 +1,238 @@
+"""The one place for observed node state: services report here, the API reads here.
+
+Run state moves unknown → booting (DHCP from boot firmware) → init (agent hello) →
+ready (agent reporting) → lost (missed reports). Boot tokens are kept in the state
+directory, so a restarted server still recognises the agents of the nodes it booted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address
+from pathlib import Path
+from typing import Any
+
+from layerpy.config import Config
+from layerpy.model import Boot, Node, RunState
+
+log = logging.getLogger("layerpy.nodes")
+
+REPORT_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "node": str,
+    "token": str,
+    "mac": str,
+    "ip": str,
+    "boot_id": str,
+    "seq": int,
+    "event": str,
+}
+
+
+@dataclass
+class UnknownMachine:
+    """A MAC that asked for a boot but matches no node in the file."""
+
+    mac: str
+    first_seen: float
+    last_seen: float
+    requests: int = 1
+    firmware: str | None = None
+    vendor_class: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class ReportRejected(Exception):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+@dataclass
+class Inventory:
+    config: Config
+    clock: Callable[[], float] = time.time
+    nodes: dict[str, Node] = field(init=False)
+    unknown: dict[str, UnknownMachine] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.nodes = {name: Node(cfg) for name, cfg in self.config.nodes.items()}
+        self._by_mac = {n.config.mac: n for n in self.nodes.values() if n.config.mac}
+        self._by_ip = {n.config.ip: n for n in self.nodes.values()}
+        self._load_tokens()
+
+    # -- lookups -----------------------------------------------------------------------
+
+    def by_mac(self, mac: str) -> Node | None:
+        return self._by_mac.get(mac)
+
+    def by_ip(self, ip: IPv4Address | str) -> Node | None:
+        try:
+            return self._by_ip.get(IPv4Address(ip))
+        except ValueError:
+            return None
+
+    # -- observations from the boot services -------------------------------------------
+
+    def saw_unknown(self, mac: str, firmware: str | None, vendor_class: str | None) -> None:
+        now = self.clock()
+        machine = self.unknown.get(mac)
+        if machine is None:
+            self.unknown[mac] = UnknownMachine(mac, now, now, 1, firmware, vendor_class)
+            log.warning("%s: unknown machine asks to boot (%s); it gets no offer", mac, firmware)
+            return
+        machine.last_seen = now
+        machine.requests += 1
+
+    def saw_boot_request(self, node: Node, firmware: str) -> None:
+        """A DHCP DISCOVER from boot firmware (PXE or iPXE).
+
+        It starts a new boot unless the node is still between firmware and script, as
+        when UEFI PXE chain-loads iPXE, which asks again."""
+        boot = node.boot
+        if boot is None or "script" in boot.phases or node.run_state != RunState.BOOTING:
+            self._start_boot(node, firmware)
+        self.mark(node, "dhcp_discover")
+
+    def mark(self, node: Node, phase: str) -> None:
+        if node.boot is None:
+            self._start_boot(node, None)
+        assert node.boot is not None
+        if node.boot.mark(phase, self.clock()):
+            log.debug("%s: boot phase %s", node.name, phase)
+
+    def issue_token(self, node: Node) -> str:
+        """A fresh secret for this boot, handed out in the node's kernel command line."""
+        if node.boot is None or "script" in node.boot.phases:
+            self._start_boot(node, None)
+        assert node.boot is not None
+        node.boot.token = secrets.token_urlsafe(18)
+        self.mark(node, "script")
+        self._save_tokens()
+        return node.boot.token
+
+    def report(self, payload: Any) -> dict[str, Any]:
+        """An agent report; returns the desired state for the agent or raises ReportRejected."""
+        node = self._authenticate(payload)
+        boot = node.boot
+        assert boot is not None
+        now = self.clock()
+        if boot.boot_id and payload["boot_id"] != boot.boot_id:
+            log.info("%s: agent reports a new boot id without a network boot", node.name)
+            token = boot.token
+            boot = self._start_boot(node, None)
+            boot.token = token
+        if boot.boot_id is None:
+            boot.boot_id = payload["boot_id"]
+            self._save_tokens()
+        node.last_report = now
+        node.mac = payload["mac"].lower()
+        node.hostname = (
+            payload.get("hostname") if isinstance(payload.get("hostname"), str) else None
+        )
+        node.agent = {
+            k: payload[k]
+            for k in ("uptime", "seq", "busy", "agent_version", "timeline")
+            if k in payload
+        }
+        try:
+            node.ip = IPv4Address(payload["ip"])
+        except ValueError:
+            node.ip = None
+        if (
+            node.run_state in (RunState.INIT, RunState.READY, RunState.LOST)
+            and payload["event"] != "hello"
+        ):
+            self.mark(node, "ready")
+            self._set_state(node, RunState.READY)
+        else:
+            self.mark(node, "agent_hello")
+            self._set_state(node, RunState.INIT)
+        return {"heartbeat": self.config.server.heartbeat, "node": node.name}
+
+    def check_lost(self) -> None:
+        """Nodes whose agent stopped reporting become lost."""
+        limit = self.config.server.heartbeat * self.config.server.lost_after
+        now = self.clock()
+        for node in self.nodes.values():
+            if node.run_state not in (RunState.INIT, RunState.READY) or node.last_report is None:
+                continue
+            silence = now - node.last_report
+            if silence > limit:
+                self._set_state(node, RunState.LOST, f"no report for {silence:.0f} s")
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _authenticate(self, payload: Any) -> Node:
+        if not isinstance(payload, dict):
+            raise ReportRejected(400, "report must be a JSON object")
+        for key, kind in REPORT_FIELDS.items():
+            if not isinstance(payload.get(key), kind):
+                raise ReportRejected(400, f"report field {key!r} is missing or not {kind.__name__}")
+        node = self.nodes.get(payload["node"])
+        if node is None:
+            raise ReportRejected(404, f"no node named {payload['node']!r} in the node file")
+        token = node.boot.token if node.boot else None
+        if token is None or not secrets.compare_digest(token, payload["token"]):
+            raise ReportRejected(403, f"wrong boot token for {node.name}")
+        return node
+
+    def _start_boot(self, node: Node, firmware: str | None) -> Boot:
+        node.boot = Boot(started=self.clock(), firmware=firmware)
+        node.boots += 1
+        node.last_report = None
+        self._set_state(
+            node, RunState.BOOTING, f"boot {node.boots} ({firmware or 'unknown firmware'})"
+        )
+        return node.boot
+
+    def _set_state(self, node: Node, state: RunState, why: str = "") -> None:
+        if node.run_state == state:
+            return
+        suffix = f": {why}" if why else ""
+        log.info("%s: run_state %s -> %s%s", node.name, node.run_state, state, suffix)
+        node.run_state = state
+
+    @property
+    def _token_file(self) -> Path:
+        return self.config.server.state_dir / "boots.json"
+
+    def _save_tokens(self) -> None:
+        records = {
+            n.name: {"token": n.boot.token, "boot_id": n.boot.boot_id, "boots": n.boots}
+            for n in self.nodes.values()
+            if n.boot and n.boot.token
+        }
+        path = self._token_file
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(records, indent=1))
+            os.replace(tmp, path)
+        except OSError as error:
+            log.error("cannot save boot tokens to %s: %s", path, error.strerror)
+
+    def _load_tokens(self) -> None:
+        try:
+            records = json.loads(self._token_file.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as error:
+            log.error("ignoring unreadable %s: %s", self._token_file, error)
+            return
+        for name, record in records.items():
+            node = self.nodes.get(name)
+            if node is None or not isinstance(record, dict):
+                continue
+            node.boot = Boot(
+                started=self.clock(), token=record.get("token"), boot_id=record.get("boot_id")
+            )
+            node.boots = int(record.get("boots", 0))

@@ -1,0 +1,100 @@
+"""``layerpy serve``: wires config, inventory, policy and the boot services in one loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+from aiohttp import web
+
+from layerpy.boot import BootPolicy
+from layerpy.config import Config
+from layerpy.inventory import Inventory
+from layerpy.services.dhcp import start_dhcp
+from layerpy.services.http import build_app
+from layerpy.services.tftp import TftpEvent, start_tftp
+from layerpy.stats import Stats
+
+log = logging.getLogger("layerpy.server")
+
+
+class Server:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.stats = Stats()
+        self.inventory = Inventory(config)
+        self.policy = BootPolicy(config, self.inventory)
+        self._closers: list[object] = []
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        server = self.config.server
+        app = build_app(self.policy, self.stats, log_requests=server.log_requests)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        for host in dict.fromkeys((str(server.address), "127.0.0.1")):
+            await web.TCPSite(self._runner, host, server.http_port).start()
+        log.info("http on %s (and 127.0.0.1:%d)", server.url, server.http_port)
+        self._closers.append(
+            await start_tftp(
+                self.config.ipxe.directory,
+                str(server.address),
+                server.tftp_port,
+                interface=server.interface,
+                on_event=self._tftp_event,
+            )
+        )
+        if server.dhcp == "authoritative":
+            assert server.interface is not None
+            self._closers.append(
+                await start_dhcp(
+                    self.policy,
+                    server.interface,
+                    server.address,
+                    self.stats,
+                    log_requests=server.log_requests,
+                )
+            )
+
+    def _tftp_event(self, event: TftpEvent) -> None:
+        self.stats.count("tftp", event.kind, ok=event.kind in ("start", "done"))
+        node = self.inventory.by_ip(event.client)
+        if node is not None and event.kind == "done":
+            self.inventory.mark(node, "tftp")
+
+    async def watch(self) -> None:
+        """Continuous checks: nodes that stop reporting become lost."""
+        interval = max(0.5, self.config.server.heartbeat / 2)
+        while True:
+            await asyncio.sleep(interval)
+            self.inventory.check_lost()
+
+    async def close(self) -> None:
+        for closer in reversed(self._closers):
+            result = closer.close()  # type: ignore[attr-defined]
+            if asyncio.iscoroutine(result):
+                await result
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+async def serve(config: Config) -> None:
+    """Run until SIGINT or SIGTERM."""
+    server = Server(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await server.start()
+    log.info("serving %d nodes from %s", len(config.nodes), config.path)
+    watcher = asyncio.create_task(server.watch())
+    try:
+        await stop.wait()
+    finally:
+        log.info("stopping")
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        await server.close()

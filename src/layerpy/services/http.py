@@ -1,0 +1,132 @@
+"""HTTP: iPXE scripts, the minOS kernel and initrd, the agent endpoint and the REST API."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from layerpy.boot import BootPolicy
+from layerpy.inventory import Inventory, ReportRejected
+from layerpy.stats import Stats
+
+log = logging.getLogger("layerpy.http")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+POLICY: web.AppKey[BootPolicy] = web.AppKey("policy", BootPolicy)
+INVENTORY: web.AppKey[Inventory] = web.AppKey("inventory", Inventory)
+STATS: web.AppKey[Stats] = web.AppKey("stats", Stats)
+LOG_REQUESTS: web.AppKey[bool] = web.AppKey("log_requests", bool)
+
+
+def build_app(policy: BootPolicy, stats: Stats, *, log_requests: bool = False) -> web.Application:
+    app = web.Application(middlewares=[_profile], client_max_size=1024 * 1024)
+    app[POLICY] = policy
+    app[INVENTORY] = policy.inventory
+    app[STATS] = stats
+    app[LOG_REQUESTS] = log_requests
+    app.add_routes(
+        [
+            web.get("/boot/{name}.ipxe", boot_script),
+            web.get("/minos/kernel", minos_file),
+            web.get("/minos/initrd", minos_file),
+            web.post("/api/v1/agent/report", agent_report),
+            web.get("/api/v1/nodes", list_nodes),
+            web.get("/api/v1/nodes/{name}", show_node),
+            web.get("/api/v1/unknown", list_unknown),
+            web.get("/api/v1/stats", show_stats),
+            web.get("/metrics", metrics),
+        ]
+    )
+    return app
+
+
+@web.middleware
+async def _profile(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Service time per route, and per-request debug lines when asked for."""
+    started = time.perf_counter()
+    route = request.match_info.route.resource
+    kind = route.canonical if route is not None else "unmatched"
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as error:
+        status = error.status
+        raise
+    finally:
+        elapsed = time.perf_counter() - started
+        request.app[STATS].observe("http", f"{request.method} {kind}", elapsed, ok=status < 400)
+        if request.app[LOG_REQUESTS]:
+            log.debug(
+                "%s %s %s -> %d in %.1f ms",
+                request.remote,
+                request.method,
+                request.path,
+                status,
+                elapsed * 1000,
+            )
+
+
+async def boot_script(request: web.Request) -> web.Response:
+    policy = request.app[POLICY]
+    name = request.match_info["name"]
+    node = policy.inventory.nodes.get(name)
+    if node is None:
+        raise web.HTTPNotFound(text=f"no node named {name!r}\n")
+    if request.remote != str(node.config.ip):
+        log.warning("%s: refused its boot script to %s", name, request.remote)
+        raise web.HTTPForbidden(text=f"the boot script of {name} is only for {node.config.ip}\n")
+    return web.Response(text=policy.script(node), content_type="text/plain")
+
+
+async def minos_file(request: web.Request) -> web.FileResponse:
+    policy = request.app[POLICY]
+    which = request.path.rsplit("/", 1)[1]
+    node = policy.node_for_fetch(request.remote or "")
+    if node is not None:
+        policy.inventory.mark(node, which)
+    minos = policy.config.minos
+    return web.FileResponse(minos.kernel if which == "kernel" else minos.initrd)
+
+
+async def agent_report(request: web.Request) -> web.Response:
+    try:
+        payload = await request.json()
+    except ValueError:
+        raise web.HTTPBadRequest(text="report must be JSON\n") from None
+    try:
+        desired = request.app[INVENTORY].report(payload)
+    except ReportRejected as rejected:
+        log.warning("rejected an agent report from %s: %s", request.remote, rejected.reason)
+        return web.json_response({"error": rejected.reason}, status=rejected.status)
+    return web.json_response(desired)
+
+
+async def list_nodes(request: web.Request) -> web.Response:
+    nodes = request.app[INVENTORY].nodes.values()
+    return web.json_response([node.as_json() for node in nodes])
+
+
+async def show_node(request: web.Request) -> web.Response:
+    node = request.app[INVENTORY].nodes.get(request.match_info["name"])
+    if node is None:
+        raise web.HTTPNotFound(text=f"no node named {request.match_info['name']!r}\n")
+    return web.json_response(node.as_json())
+
+
+async def list_unknown(request: web.Request) -> web.Response:
+    machines = request.app[INVENTORY].unknown.values()
+    return web.json_response([machine.as_json() for machine in machines])
+
+
+async def show_stats(request: web.Request) -> web.Response:
+    return web.json_response(request.app[STATS].as_json())
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(text=request.app[STATS].prometheus(), content_type="text/plain")
