@@ -7,7 +7,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from netns import Link  # noqa: E402
+from netns import Link
 
 
 def need_root() -> None:
@@ -22,3 +22,65 @@ def link():
     pair = Link(client_addr=None)
     yield pair
     pair.close()
+
+
+LAB_LIKE = """\
+[server]
+interface = "{interface}"
+address = "{server}"
+state_dir = "state"
+heartbeat = 2
+http_port = {http_port}
+
+[network]
+subnet = "{subnet}"
+gateway = "{server}"
+pool = "{pool}"
+
+[minos]
+kernel = "vmlinuz"
+initrd = "initrd"
+cmdline = "console=ttyS0"
+
+[ipxe]
+dir = "ipxe"
+
+[groups.compute]
+nodes = "cn[001-002]"
+ip = "{prefix}.[11-12]"
+mac = ["52:54:00:99:00:11", "{client_mac}"]
+"""
+
+
+@pytest.fixture
+def make_config(tmp_path: Path):
+    """Writes a small node file (with stand-in kernel, initrd and iPXE files) and loads it."""
+    from layerpy.config import load
+
+    def make(
+        client_mac: str = "52:54:00:99:00:12",
+        interface: str = "br0",
+        server: str = "10.99.0.1",
+        http_port: int = 8080,
+        **extra: str,
+    ):
+        for name in ("vmlinuz", "initrd"):
+            (tmp_path / name).write_bytes(name.encode() * 1000)
+        (tmp_path / "ipxe").mkdir(exist_ok=True)
+        for name in ("undionly.kpxe", "snponly.efi"):
+            (tmp_path / "ipxe" / name).write_bytes(b"\x90" * 3000)
+        prefix = server.rsplit(".", 1)[0]
+        text = LAB_LIKE.format(
+            interface=interface,
+            server=server,
+            subnet=f"{prefix}.0/24",
+            prefix=prefix,
+            pool=f"{prefix}.200-{prefix}.250",
+            client_mac=client_mac,
+            http_port=http_port,
+        ) + "".join(extra.values())
+        path = tmp_path / "nodes.toml"
+        path.write_text(text)
+        return load(path)
+
+    return make

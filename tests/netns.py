@@ -37,8 +37,12 @@ class Netns:
     def cmd(self, *cmd: str) -> list[str]:
         return ["ip", "netns", "exec", self.name, *cmd]
 
-    def run(self, *cmd: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self.cmd(*cmd), check=check, capture_output=True, text=True, timeout=timeout)
+    def run(
+        self, *cmd: str, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.cmd(*cmd), check=check, capture_output=True, text=True, timeout=timeout
+        )
 
     def popen(self, cmd: Sequence[str], **kwargs) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(self.cmd(*cmd), start_new_session=True, **kwargs)

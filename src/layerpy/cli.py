@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import sys
@@ -48,11 +49,17 @@ def main() -> None:
 @main.command()
 @CONFIG_OPTION
 @click.option("--debug", is_flag=True, help="Debug logging, including every request.")
-def serve(config_path: Path, debug: bool) -> None:
+@click.option(
+    "--state-dir", type=click.Path(path_type=Path), help="Override server.state_dir of the file."
+)
+def serve(config_path: Path, debug: bool, state_dir: Path | None) -> None:
     """Run DHCP, TFTP and HTTP for the nodes in the node file."""
     from layerpy.server import serve as run_server
 
     config = _load_or_exit(config_path)
+    if state_dir is not None:
+        server = dataclasses.replace(config.server, state_dir=state_dir)
+        config = dataclasses.replace(config, server=server)
     logging.basicConfig(
         level=logging.DEBUG if debug or config.server.log_requests else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

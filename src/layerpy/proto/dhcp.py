@@ -1,0 +1,322 @@
+"""Sans-I/O DHCPv4 codec and reply builder (RFC 2131, 2132, 3046, 3396, 6842).
+
+Bytes in, dataclasses out, and back: the asyncio service only moves datagrams, and
+policy (which address, which bootfile) is decided elsewhere and handed in as an Offer.
+"""
+
+import struct
+from dataclasses import dataclass, replace
+from ipaddress import IPv4Address
+
+DISCOVER, OFFER, REQUEST, DECLINE, ACK, NAK, RELEASE, INFORM = range(1, 9)
+
+OPT_PAD = 0
+OPT_SUBNET_MASK = 1
+OPT_ROUTER = 3
+OPT_DNS = 6
+OPT_HOSTNAME = 12
+OPT_DOMAIN = 15
+OPT_VENDOR_SPECIFIC = 43
+OPT_REQUESTED_IP = 50
+OPT_LEASE_TIME = 51
+OPT_OVERLOAD = 52
+OPT_MESSAGE_TYPE = 53
+OPT_SERVER_ID = 54
+OPT_PARAM_LIST = 55
+OPT_MESSAGE = 56
+OPT_MAX_SIZE = 57
+OPT_VENDOR_CLASS = 60
+OPT_CLIENT_ID = 61
+OPT_TFTP_SERVER = 66
+OPT_BOOTFILE = 67
+OPT_USER_CLASS = 77
+OPT_RELAY_AGENT = 82
+OPT_CLIENT_ARCH = 93
+OPT_CLIENT_NDI = 94
+OPT_UUID = 97
+OPT_IPXE = 175
+OPT_END = 255
+
+IPXE_NO_PXEDHCP = 176
+"""iPXE sub-option of 175: when 1, iPXE does not wait for ProxyDHCP offers."""
+
+BROADCAST_FLAG = 0x8000
+SERVER_PORT, CLIENT_PORT = 67, 68
+MIN_LEN = 300  # RFC 951: BOOTP receivers may drop anything shorter
+MIN_MAX_SIZE = 576  # RFC 2131: every client accepts this much (IP + UDP + DHCP)
+IP_UDP_OVERHEAD = 28
+
+_HEADER = struct.Struct("!4BIHH4I16s64s128sI")
+_MAGIC = 0x63825363
+_SNAME_AT, _FILE_AT, _OPTIONS_AT = 44, 108, _HEADER.size
+_ZERO = IPv4Address(0)
+_REPLY_TYPE = {DISCOVER: OFFER, REQUEST: ACK, INFORM: ACK}
+_ALWAYS_SENT = frozenset(
+    (OPT_MESSAGE_TYPE, OPT_SERVER_ID, OPT_LEASE_TIME, OPT_CLIENT_ID, OPT_RELAY_AGENT)
+)
+
+
+class DhcpError(ValueError):
+    """A packet that cannot be decoded; the message names the field and offset."""
+
+
+@dataclass(slots=True)
+class DhcpPacket:
+    """One BOOTP/DHCP message; `options` is insertion-ordered and already reassembled."""
+
+    op: int
+    htype: int
+    hlen: int
+    hops: int
+    xid: int
+    secs: int
+    flags: int
+    ciaddr: IPv4Address
+    yiaddr: IPv4Address
+    siaddr: IPv4Address
+    giaddr: IPv4Address
+    chaddr: bytes
+    sname: bytes
+    file: bytes
+    options: dict[int, bytes]
+
+    @property
+    def mac(self) -> str:
+        return self.chaddr[: self.hlen].hex(":")
+
+    @property
+    def message_type(self) -> int | None:
+        value = self.options.get(OPT_MESSAGE_TYPE)
+        return value[0] if value else None
+
+    @property
+    def client_arch(self) -> int | None:
+        """First architecture of option 93 (RFC 4578): 0 BIOS, 7/9 x86-64 UEFI, 16 HTTP."""
+        value = self.options.get(OPT_CLIENT_ARCH, b"")
+        return int.from_bytes(value[:2]) if len(value) >= 2 else None
+
+    @property
+    def is_ipxe(self) -> bool:
+        return b"iPXE" in self.options.get(OPT_USER_CLASS, b"") or OPT_IPXE in self.options
+
+    @property
+    def is_pxe_client(self) -> bool:
+        return self.options.get(OPT_VENDOR_CLASS, b"").startswith(b"PXEClient")
+
+    @property
+    def requested_ip(self) -> IPv4Address | None:
+        return _address(self.options.get(OPT_REQUESTED_IP))
+
+    @property
+    def server_id(self) -> IPv4Address | None:
+        return _address(self.options.get(OPT_SERVER_ID))
+
+    @property
+    def hostname(self) -> str | None:
+        value = self.options.get(OPT_HOSTNAME)
+        return value.rstrip(b"\0").decode(errors="replace") if value else None
+
+    @property
+    def broadcast(self) -> bool:
+        return bool(self.flags & BROADCAST_FLAG)
+
+
+def _address(value: bytes | None) -> IPv4Address | None:
+    """A 4-byte option as an address; anything else is treated as absent, not an error."""
+    return IPv4Address(value) if value is not None and len(value) == 4 else None
+
+
+def decode(data: bytes) -> DhcpPacket:
+    """Parse a datagram; raises DhcpError for anything a server must not act on."""
+    if len(data) < _OPTIONS_AT:
+        raise DhcpError(f"truncated: {len(data)} bytes, header and magic cookie need 240")
+    fields = _HEADER.unpack_from(data)
+    op, hlen, magic = fields[0], fields[2], fields[14]
+    if op not in (1, 2):
+        raise DhcpError(f"op {op} at offset 0 is neither BOOTREQUEST (1) nor BOOTREPLY (2)")
+    if hlen > 16:
+        raise DhcpError(f"hlen {hlen} at offset 2 exceeds the 16-byte chaddr field")
+    if magic != _MAGIC:
+        raise DhcpError(f"bad magic cookie 0x{magic:08x} at offset 236")
+    options: dict[int, bytes] = {}
+    _walk(data, _OPTIONS_AT, len(data), options)
+    overload = options.get(OPT_OVERLOAD)
+    if overload is not None:
+        if overload not in (b"\x01", b"\x02", b"\x03"):
+            raise DhcpError(f"option 52 (overload) has invalid value {overload.hex()}")
+        # RFC 3396 section 7: the aggregate buffer is options, then file, then sname.
+        if overload[0] & 1:
+            _walk(data, _FILE_AT, _FILE_AT + 128, options)
+        if overload[0] & 2:
+            _walk(data, _SNAME_AT, _SNAME_AT + 64, options)
+    addresses = map(IPv4Address, fields[7:11])
+    return DhcpPacket(*fields[:7], *addresses, *fields[11:14], options)
+
+
+def _walk(data: bytes, pos: int, end: int, options: dict[int, bytes]) -> None:
+    """Collect the options in data[pos:end], concatenating repeats (RFC 3396)."""
+    while pos < end:
+        code = data[pos]
+        if code == OPT_PAD:
+            pos += 1
+            continue
+        if code == OPT_END:
+            return
+        if pos + 1 == end:
+            raise DhcpError(f"option {code} at offset {pos}: length byte missing")
+        stop = pos + 2 + data[pos + 1]
+        if stop > end:
+            raise DhcpError(
+                f"option {code} at offset {pos}: length {data[pos + 1]} runs past the end "
+                f"of its field at offset {end}"
+            )
+        options[code] = options.get(code, b"") + data[pos + 2 : stop]
+        pos = stop
+
+
+def encode(packet: DhcpPacket) -> bytes:
+    """Serialise; long options are split (RFC 3396) and the result padded to 300 bytes."""
+    p = packet
+    if len(p.chaddr) > 16 or len(p.sname) > 64 or len(p.file) > 128:
+        raise ValueError("chaddr, sname or file longer than its field (16/64/128 bytes)")
+    fixed = (p.op, p.htype, p.hlen, p.hops, p.xid, p.secs, p.flags)
+    addresses = (int(p.ciaddr), int(p.yiaddr), int(p.siaddr), int(p.giaddr))
+    out = bytearray(_HEADER.pack(*fixed, *addresses, p.chaddr, p.sname, p.file, _MAGIC))
+    for code, value in p.options.items():
+        for at in range(0, len(value) or 1, 255):  # an empty option is still sent once
+            chunk = value[at : at + 255]
+            out.append(code)
+            out.append(len(chunk))
+            out += chunk
+    out.append(OPT_END)
+    if len(out) < MIN_LEN:
+        out += bytes(MIN_LEN - len(out))
+    return bytes(out)
+
+
+def _encoded_size(options: dict[int, bytes]) -> int:
+    """What encode() will produce before padding: every 255-byte piece costs 2 more bytes."""
+    size = _OPTIONS_AT + 1
+    for value in options.values():
+        n = len(value)
+        size += n + 2 if n <= 255 else n + 2 * -(-n // 255)
+    return size
+
+
+@dataclass
+class Offer:
+    """What policy decided to give one client; build_reply turns it into options."""
+
+    address: IPv4Address
+    server_id: IPv4Address
+    subnet_mask: IPv4Address
+    lease_time: int
+    router: IPv4Address | None = None
+    dns: tuple[IPv4Address, ...] = ()
+    domain: str | None = None
+    hostname: str | None = None
+    next_server: IPv4Address | None = None
+    bootfile: str | None = None
+    ipxe_no_pxedhcp: bool = False
+
+
+def build_reply(request: DhcpPacket, offer: Offer) -> DhcpPacket:
+    """OFFER for DISCOVER, ACK for REQUEST and INFORM, sized to what the client accepts."""
+    kind = _REPLY_TYPE.get(request.message_type or 0)
+    if kind is None:
+        raise ValueError(f"DHCP message type {request.message_type} gets no OFFER/ACK")
+    inform = request.message_type == INFORM
+    bootfile = offer.bootfile.encode() if offer.bootfile else b""
+    extra: dict[int, bytes] = {}
+    if not inform:
+        extra[OPT_LEASE_TIME] = offer.lease_time.to_bytes(4)
+    extra[OPT_SUBNET_MASK] = offer.subnet_mask.packed
+    if offer.router:
+        extra[OPT_ROUTER] = offer.router.packed
+    if offer.dns:
+        extra[OPT_DNS] = b"".join(a.packed for a in offer.dns)
+    if offer.domain:
+        extra[OPT_DOMAIN] = offer.domain.encode()
+    if offer.hostname:
+        extra[OPT_HOSTNAME] = offer.hostname.encode()
+    if offer.next_server:
+        extra[OPT_TFTP_SERVER] = str(offer.next_server).encode()
+    if bootfile:
+        extra[OPT_BOOTFILE] = bootfile
+        if request.is_pxe_client:
+            extra[OPT_VENDOR_CLASS] = b"PXEClient"
+    if offer.ipxe_no_pxedhcp:
+        extra[OPT_IPXE] = bytes((IPXE_NO_PXEDHCP, 1, 1))
+    wanted = request.options.get(OPT_PARAM_LIST, b"")
+    options = {OPT_MESSAGE_TYPE: bytes((kind,)), OPT_SERVER_ID: offer.server_id.packed}
+    # Requested options first, in the client's order; then the rest in ours.
+    options.update((code, extra[code]) for code in wanted if code in extra)
+    options.update(extra)  # keys already present keep their position
+    options.update(_echoed(request))
+    _fit(options, _max_size(request))
+    # A bootfile too long for the file field still reaches the client through option 67.
+    file = bootfile.ljust(128, b"\0") if len(bootfile) < 128 else bytes(128)
+    return replace(
+        request,  # keeps htype, hlen, hops, xid, flags, giaddr and chaddr (RFC 2131 table 3)
+        op=2,
+        secs=0,
+        ciaddr=_ZERO if kind == OFFER else request.ciaddr,
+        yiaddr=_ZERO if inform else offer.address,
+        siaddr=offer.next_server or _ZERO,
+        sname=bytes(64),
+        file=file,
+        options=options,
+    )
+
+
+def build_nak(
+    request: DhcpPacket, server_id: IPv4Address, message: str | None = None
+) -> DhcpPacket:
+    """A DHCPNAK; broadcast through a relay because the client has no usable address."""
+    options = {OPT_MESSAGE_TYPE: bytes((NAK,)), OPT_SERVER_ID: server_id.packed}
+    if message:
+        options[OPT_MESSAGE] = message.encode()
+    options.update(_echoed(request))
+    flags = request.flags | (0 if request.giaddr.is_unspecified else BROADCAST_FLAG)
+    return replace(
+        request,
+        op=2,
+        secs=0,
+        flags=flags,
+        ciaddr=_ZERO,
+        yiaddr=_ZERO,
+        siaddr=_ZERO,
+        sname=bytes(64),
+        file=bytes(128),
+        options=options,
+    )
+
+
+def reply_destination(request: DhcpPacket, reply: DhcpPacket) -> tuple[str, int]:
+    """Where to send a reply (RFC 2131 4.1); unicast to yiaddr would need ARP injection."""
+    if not request.giaddr.is_unspecified:
+        return str(request.giaddr), SERVER_PORT
+    if not request.ciaddr.is_unspecified and reply.message_type != NAK:
+        return str(request.ciaddr), CLIENT_PORT
+    return "255.255.255.255", CLIENT_PORT
+
+
+def _echoed(request: DhcpPacket) -> dict[int, bytes]:
+    """Options a server must return verbatim: client id (RFC 6842), relay info last (RFC 3046)."""
+    return {c: request.options[c] for c in (OPT_CLIENT_ID, OPT_RELAY_AGENT) if c in request.options}
+
+
+def _max_size(request: DhcpPacket) -> int:
+    """Largest DHCP payload the client accepts: option 57 counts IP and UDP headers too."""
+    value = request.options.get(OPT_MAX_SIZE, b"")
+    size = int.from_bytes(value) if len(value) == 2 else 0
+    return max(size, MIN_MAX_SIZE) - IP_UDP_OVERHEAD
+
+
+def _fit(options: dict[int, bytes], limit: int) -> None:
+    """Drop options from the least wanted end until the packet fits (the order is priority)."""
+    for code in reversed(list(options)):
+        if _encoded_size(options) <= limit:
+            return
+        if code not in _ALWAYS_SENT:
+            del options[code]

@@ -1,0 +1,197 @@
+"""``layerpy serve`` answering real DHCP clients (busybox udhcpc, ISC dhclient) in namespaces."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+LAYERPY = Path(sys.executable).parent / "layerpy"
+RECORDER = """#!/bin/sh
+case "$1$reason" in
+  bound|renew|BOUND|RENEW) ip addr replace "${ip:-$new_ip_address}/24" dev "$interface" ;;
+esac
+echo "$1$reason ${ip:-$new_ip_address} ${subnet:-$new_subnet_mask} ${router:-$new_routers} \
+${hostname:-$new_host_name} ${lease:-$new_dhcp_lease_time}" >> {log}
+"""
+
+pytestmark = pytest.mark.netns
+
+
+@pytest.fixture
+def served(link, make_config, tmp_path: Path):
+    """`layerpy serve` in the server namespace, knowing the client namespace's MAC."""
+
+    def start(client_mac: str | None = None, lease_time: int = 3600):
+        config = make_config(
+            client_mac=client_mac or link.client_mac(),
+            interface=link.server_if,
+            server="10.77.0.1",
+        )
+        text = config.path.read_text().replace(
+            'pool = "10.77.0.200-10.77.0.250"',
+            f'pool = "10.77.0.200-10.77.0.250"\nlease_time = {lease_time}',
+        )
+        config.path.write_text(text)
+        log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
+        link.server.popen(
+            [str(LAYERPY), "serve", "-c", str(config.path), "--debug"], stdout=log, stderr=log
+        )
+        deadline = time.monotonic() + 20
+        while link.server.run(
+            "curl", "-sf", "http://127.0.0.1:8080/api/v1/nodes", check=False
+        ).returncode:
+            if time.monotonic() > deadline:
+                pytest.fail("server did not start:\n" + (tmp_path / "serve.log").read_text())
+            time.sleep(0.2)
+        return config
+
+    return start
+
+
+def api(link, path: str):
+    return json.loads(link.server.run("curl", "-sf", f"http://127.0.0.1:8080{path}").stdout)
+
+
+def recorder(tmp_path: Path) -> tuple[Path, Path]:
+    log = tmp_path / "client.log"
+    script = tmp_path / "record.sh"
+    script.write_text(RECORDER.replace("{log}", str(log)))
+    script.chmod(0o755)
+    return script, log
+
+
+def test_udhcpc_gets_its_fixed_address(link, served, tmp_path: Path) -> None:
+    served()
+    script, log = recorder(tmp_path)
+    link.client.run(
+        "udhcpc",
+        "-i",
+        link.client_if,
+        "-n",
+        "-q",
+        "-f",
+        "-t",
+        "3",
+        "-T",
+        "1",
+        "-s",
+        str(script),
+        timeout=30,
+    )
+    bound = [line.split() for line in log.read_text().splitlines() if line.startswith("bound")]
+    assert bound == [["bound", "10.77.0.12", "255.255.255.0", "10.77.0.1", "cn002", "3600"]]
+    node = api(link, "/api/v1/nodes/cn002")
+    assert node["mac"] == link.client_mac()
+    # a plain OS client is not a network boot: no boot timeline is started by it
+    assert node["run_state"] == "unknown"
+
+
+def test_udhcpc_renews(link, served, tmp_path: Path) -> None:
+    served()
+    script, log = recorder(tmp_path)
+    client = link.client.popen(
+        ["udhcpc", "-i", link.client_if, "-f", "-t", "3", "-T", "1", "-s", str(script)]
+    )
+    deadline = time.monotonic() + 15
+    while "bound" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, "no lease"
+        time.sleep(0.1)
+    client.send_signal(signal.SIGUSR1)  # udhcpc: renew the lease now (unicast to the server)
+    while "renew" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, f"no renewal: {log.read_text() if log.exists() else ''}"
+        time.sleep(0.2)
+    client.terminate()
+    events = [line.split()[:2] for line in log.read_text().splitlines()]
+    assert ["bound", "10.77.0.12"] in events and ["renew", "10.77.0.12"] in events
+
+
+def test_dhclient_lease_and_renew(link, served, tmp_path: Path) -> None:
+    served(lease_time=4)
+    script, log = recorder(tmp_path)
+    lease_file = tmp_path / "dhclient.leases"
+    client = link.client.popen(
+        [
+            "dhclient",
+            "-d",
+            "-4",
+            "-sf",
+            str(script),
+            "-lf",
+            str(lease_file),
+            "-pf",
+            str(tmp_path / "dhclient.pid"),
+            link.client_if,
+        ]
+    )
+    deadline = time.monotonic() + 20
+    while "RENEW" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, f"no renewal: {log.read_text() if log.exists() else ''}"
+        time.sleep(0.2)
+    client.terminate()
+    events = [line.split() for line in log.read_text().splitlines()]
+    assert ["BOUND", "10.77.0.12", "255.255.255.0", "10.77.0.1", "cn002", "4"] in events
+    assert ["RENEW", "10.77.0.12", "255.255.255.0", "10.77.0.1", "cn002", "4"] in events
+    assert "fixed-address 10.77.0.12;" in lease_file.read_text()
+
+
+def test_unknown_mac_gets_nothing_and_is_listed(link, served, tmp_path: Path) -> None:
+    served(client_mac="52:54:00:aa:bb:cc")
+    script, log = recorder(tmp_path)
+    result = link.client.run(
+        "udhcpc",
+        "-i",
+        link.client_if,
+        "-n",
+        "-q",
+        "-f",
+        "-t",
+        "2",
+        "-T",
+        "1",
+        "-s",
+        str(script),
+        check=False,
+        timeout=30,
+    )
+    assert result.returncode != 0
+    assert "bound" not in (log.read_text() if log.exists() else "")
+    unknown = api(link, "/api/v1/unknown")
+    assert [m["mac"] for m in unknown] == [link.client_mac()]
+    assert unknown[0]["requests"] >= 2
+
+
+def test_garbage_is_counted_and_service_goes_on(link, served, tmp_path: Path) -> None:
+    served()
+    sender = (
+        "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM);"
+        "s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1);"
+        "[s.sendto(p, ('10.77.0.1', 67)) for p in (b'', b'x' * 10, b'\\x01' * 300, b'\\x01\\x01\\x06' + b'\\0' * 233 + b'\\x63\\x82\\x53\\x63\\x35\\xff')]"
+    )
+    link.client.run("ip", "addr", "add", "10.77.0.99/24", "dev", link.client_if)
+    link.client.run(sys.executable, "-c", sender)
+    link.client.run("ip", "addr", "del", "10.77.0.99/24", "dev", link.client_if)
+    time.sleep(0.5)
+    stats = api(link, "/api/v1/stats")
+    assert stats["dhcp"]["malformed"]["failures"] == 4
+    script, log = recorder(tmp_path)
+    link.client.run(
+        "udhcpc",
+        "-i",
+        link.client_if,
+        "-n",
+        "-q",
+        "-f",
+        "-t",
+        "3",
+        "-T",
+        "1",
+        "-s",
+        str(script),
+        timeout=30,
+    )
+    assert "bound 10.77.0.12" in log.read_text()

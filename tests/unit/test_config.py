@@ -1,0 +1,201 @@
+"""The node file: a valid one, and broken ones with the exact error each must give."""
+
+from __future__ import annotations
+
+import textwrap
+from ipaddress import IPv4Address
+from pathlib import Path
+
+import pytest
+
+from layerpy.config import ConfigError, load
+
+VALID = """\
+[server]
+interface = "br0"
+address = "10.99.0.1"
+http_port = 8080
+state_dir = "state"
+
+[network]
+subnet = "10.99.0.0/24"
+gateway = "10.99.0.1"
+dns = ["10.99.0.1"]
+pool = "10.99.0.200-10.99.0.250"
+
+[minos]
+kernel = "vmlinuz"
+initrd = "minos.img"
+cmdline = "console=ttyS0"
+
+[ipxe]
+dir = "ipxe"
+
+[groups.compute]
+nodes = "cn[001-003]"
+ip = "10.99.0.[11-13]"
+mac = ["52:54:00:99:00:11", "52:54:00:99:00:12", "52:54:00:99:00:13"]
+
+[nodes.cn003]
+ip = "10.99.0.23"
+
+[nodes.login]
+ip = "10.99.0.5"
+mac = "52-54-00-99-00-05"
+"""
+
+
+@pytest.fixture
+def write(tmp_path: Path):
+    (tmp_path / "vmlinuz").write_bytes(b"k")
+    (tmp_path / "minos.img").write_bytes(b"i")
+    (tmp_path / "ipxe").mkdir()
+    for name in ("undionly.kpxe", "snponly.efi"):
+        (tmp_path / "ipxe" / name).write_bytes(b"x")
+
+    def write(text: str) -> Path:
+        path = tmp_path / "nodes.toml"
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    return write
+
+
+def test_valid_file(write) -> None:
+    config = load(write(VALID))
+    assert list(config.nodes) == ["cn001", "cn002", "cn003", "login"]
+    assert config.nodes["cn002"].ip == IPv4Address("10.99.0.12")
+    assert config.nodes["cn003"].ip == IPv4Address("10.99.0.23")  # override
+    assert config.nodes["cn003"].mac == "52:54:00:99:00:13"  # kept from the group
+    assert config.nodes["login"].mac == "52:54:00:99:00:05"  # normalised
+    assert config.nodes["cn001"].group == "compute"
+    assert config.server.state_dir == config.path.parent / "state"
+    assert config.server.url == "http://10.99.0.1:8080"
+
+
+BROKEN = {
+    "syntax error": (
+        ("[server\naddress = 1", None),
+        [
+            "nodes.toml:1: TOML syntax error: Expected ']' at the end of a table declaration (at line 1, column 8)"
+        ],
+    ),
+    "unknown key": (
+        (
+            '[network]\nsubnet = "10.99.0.0/24"\n',
+            '[network]\nsubnet = "10.99.0.0/24"\nsubnett = "x"\n',
+        ),
+        [
+            "nodes.toml:9: network.subnett: unknown key (known keys: dns, domain, gateway, lease_time, pool, subnet)"
+        ],
+    ),
+    "unknown section": (
+        ("[ipxe]", "[ipx]"),
+        [
+            "nodes.toml:18: ipx: unknown section (known: server, network, minos, ipxe, groups, nodes)"
+        ],
+    ),
+    "wrong type": (
+        ("http_port = 8080", 'http_port = "8080"'),
+        ["nodes.toml:4: server.http_port: must be an integer, not a string"],
+    ),
+    "bad port": (
+        ("http_port = 8080", "http_port = 80800"),
+        ["nodes.toml:4: server.http_port: 80800 is not a port number (1-65535)"],
+    ),
+    "uneven ranges": (
+        ('ip = "10.99.0.[11-13]"', 'ip = "10.99.0.[11-12]"'),
+        [
+            "nodes.toml:23: groups.compute.ip: has 2 entries for 3 nodes; ranges must have the same length"
+        ],
+    ),
+    "duplicate ip": (
+        ('ip = "10.99.0.5"', 'ip = "10.99.0.12"'),
+        ["nodes.toml:29: nodes.login: login has IP 10.99.0.12, already used by cn002"],
+    ),
+    "duplicate mac": (
+        ('mac = "52-54-00-99-00-05"', 'mac = "52:54:00:99:00:11"'),
+        ["nodes.toml:29: nodes.login: login has MAC 52:54:00:99:00:11, already used by cn001"],
+    ),
+    "duplicate name across groups": (
+        (
+            "[nodes.cn003]",
+            '[groups.more]\nnodes = "cn[003-004]"\nip = "10.99.0.[31-32]"\n\n[nodes.cn003]',
+        ),
+        ["nodes.toml:27: groups.more.nodes: node cn003 is already defined by groups.compute.nodes"],
+    ),
+    "ip outside subnet": (
+        ('ip = "10.99.0.5"', 'ip = "10.98.0.5"'),
+        ["nodes.toml:29: nodes.login: login's IP 10.98.0.5 is outside network.subnet 10.99.0.0/24"],
+    ),
+    "ip in pool": (
+        ('ip = "10.99.0.5"', 'ip = "10.99.0.201"'),
+        ["nodes.toml:29: nodes.login: login's IP 10.99.0.201 lies inside network.pool"],
+    ),
+    "server address outside subnet": (
+        ('address = "10.99.0.1"', 'address = "10.100.0.1"'),
+        ["nodes.toml:3: server.address: 10.100.0.1 is outside network.subnet 10.99.0.0/24"],
+    ),
+    "bad mac": (
+        ('mac = "52-54-00-99-00-05"', 'mac = "52:54:00:99:00"'),
+        [
+            "nodes.toml:31: nodes.login.mac: '52:54:00:99:00' is not a MAC address like 52:54:00:12:34:56"
+        ],
+    ),
+    "bad hostlist": (
+        ('nodes = "cn[001-003]"', 'nodes = "cn[001-003"'),
+        ["nodes.toml:22: groups.compute.nodes: 'cn[001-003': '[' is never closed"],
+    ),
+    "missing kernel": (
+        ('kernel = "vmlinuz"', 'kernel = "missing"'),
+        [],  # set in the test: the message holds the temporary path
+    ),
+    "bad dhcp mode": (
+        ("http_port = 8080", 'http_port = 8080\ndhcp = "sometimes"'),
+        ["nodes.toml:5: server.dhcp: 'sometimes' is not one of: authoritative, off"],
+    ),
+    "missing subnet": (
+        ('subnet = "10.99.0.0/24"\n', ""),
+        ["nodes.toml:7: network.subnet: is required"],
+    ),
+    "node without ip": (
+        ('[nodes.login]\nip = "10.99.0.5"', "[nodes.login]"),
+        ["nodes.toml:29: nodes.login.ip: is required"],
+    ),
+    "node is the server": (
+        ('ip = "10.99.0.5"', 'ip = "10.99.0.1"'),
+        ["nodes.toml:29: nodes.login: login's IP 10.99.0.1 is the server's own address"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN, ids=list(BROKEN))
+def test_broken_file(write, case: str) -> None:
+    (old, new), expected = BROKEN[case]
+    text = old if new is None else VALID.replace(old, new, 1)
+    assert new is None or text != VALID, "the test case did not change the file"
+    path = write(text)
+    with pytest.raises(ConfigError) as raised:
+        load(path)
+    rendered = raised.value.render().replace(str(path.parent) + "/", "")
+    if case == "missing kernel":
+        expected = [
+            f"nodes.toml:14: minos.kernel: {path.parent}/missing does not exist "
+            "(build the minOS with minos/build.sh)"
+        ]
+        rendered = raised.value.render().replace(str(path), "nodes.toml")
+    assert rendered.splitlines() == expected
+
+
+def test_every_problem_is_reported_at_once(write) -> None:
+    text = VALID.replace("http_port = 8080", 'http_port = "x"').replace(
+        'mac = "52-54-00-99-00-05"', 'mac = "nope"'
+    )
+    with pytest.raises(ConfigError) as raised:
+        load(write(text))
+    assert [p.key for p in raised.value.problems] == ["server.http_port", "nodes.login.mac"]
+
+
+def test_unreadable_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read the file: No such file or directory"):
+        load(tmp_path / "absent.toml")

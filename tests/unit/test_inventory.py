@@ -1,0 +1,158 @@
+"""Run state and boot timelines, driven the way the services drive them."""
+
+from __future__ import annotations
+
+import pytest
+
+from layerpy.inventory import Inventory, ReportRejected
+from layerpy.model import RunState
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def inventory(make_config):
+    clock = Clock()
+    inv = Inventory(make_config(), clock=clock)
+    inv.test_clock = clock  # type: ignore[attr-defined]
+    return inv
+
+
+def report(inv: Inventory, token: str, event: str = "heartbeat", boot_id: str = "b1", **extra):
+    payload = {
+        "node": "cn001",
+        "token": token,
+        "mac": "52:54:00:99:00:11",
+        "ip": "10.99.0.11",
+        "boot_id": boot_id,
+        "seq": 1,
+        "event": event,
+        **extra,
+    }
+    return inv.report(payload)
+
+
+def boot_to_ready(inv: Inventory, firmware: str = "ipxe") -> str:
+    node = inv.nodes["cn001"]
+    inv.saw_boot_request(node, firmware)
+    inv.mark(node, "dhcp_ack")
+    token = inv.issue_token(node)
+    inv.mark(node, "kernel")
+    inv.mark(node, "initrd")
+    report(inv, token, "hello")
+    report(inv, token)
+    return token
+
+
+def test_full_boot(inventory: Inventory) -> None:
+    node = inventory.nodes["cn001"]
+    assert node.run_state is RunState.UNKNOWN
+    inventory.saw_boot_request(node, "ipxe")
+    assert node.run_state is RunState.BOOTING
+    token = inventory.issue_token(node)
+    inventory.test_clock.now += 3  # type: ignore[attr-defined]
+    assert report(inventory, token, "hello") == {"heartbeat": 2.0, "node": "cn001"}
+    assert node.run_state is RunState.INIT
+    report(inventory, token)
+    assert node.run_state is RunState.READY
+    assert list(node.boot.timeline()) == ["dhcp_discover", "script", "agent_hello", "ready"]
+    assert node.boot.timeline()["agent_hello"] == 3.0
+
+
+def test_lost_after_missed_reports(inventory: Inventory) -> None:
+    boot_to_ready(inventory)
+    node = inventory.nodes["cn001"]
+    inventory.test_clock.now += 5.9  # type: ignore[attr-defined]
+    inventory.check_lost()
+    assert node.run_state is RunState.READY
+    inventory.test_clock.now += 0.2  # type: ignore[attr-defined]
+    inventory.check_lost()
+    assert node.run_state is RunState.LOST
+
+
+def test_reboot_starts_a_new_timeline(inventory: Inventory) -> None:
+    boot_to_ready(inventory)
+    node = inventory.nodes["cn001"]
+    inventory.saw_boot_request(node, "ipxe")
+    assert node.boots == 2
+    assert node.run_state is RunState.BOOTING
+    assert list(node.boot.timeline()) == ["dhcp_discover"]
+
+
+def test_uefi_pxe_chain_is_one_boot(inventory: Inventory) -> None:
+    node = inventory.nodes["cn001"]
+    inventory.saw_boot_request(node, "uefi")
+    inventory.mark(node, "tftp")
+    inventory.saw_boot_request(node, "ipxe")  # the chain-loaded iPXE asks again
+    assert node.boots == 1
+    assert node.boot.firmware == "uefi"
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "reason"),
+    [
+        ([], 400, "must be a JSON object"),
+        ({"node": "cn001"}, 400, "'token' is missing"),
+        (
+            {
+                "node": "nope",
+                "token": "t",
+                "mac": "m",
+                "ip": "i",
+                "boot_id": "b",
+                "seq": 1,
+                "event": "hello",
+            },
+            404,
+            "no node named 'nope'",
+        ),
+        (
+            {
+                "node": "cn001",
+                "token": "wrong",
+                "mac": "m",
+                "ip": "i",
+                "boot_id": "b",
+                "seq": 1,
+                "event": "hello",
+            },
+            403,
+            "wrong boot token",
+        ),
+    ],
+)
+def test_rejected_reports(inventory: Inventory, payload, status: int, reason: str) -> None:
+    boot_to_ready(inventory)
+    with pytest.raises(ReportRejected) as rejected:
+        inventory.report(payload)
+    assert rejected.value.status == status
+    assert reason in rejected.value.reason
+
+
+def test_tokens_survive_a_restart(inventory: Inventory) -> None:
+    token = boot_to_ready(inventory)
+    again = Inventory(inventory.config)
+    report(again, token)
+    assert again.nodes["cn001"].run_state is RunState.INIT
+    report(again, token)
+    assert again.nodes["cn001"].run_state is RunState.READY
+
+
+def test_new_boot_id_without_dhcp_starts_a_boot(inventory: Inventory) -> None:
+    token = boot_to_ready(inventory)
+    report(inventory, token, "hello", boot_id="b2")
+    node = inventory.nodes["cn001"]
+    assert node.boots == 2 and node.boot.boot_id == "b2"
+    assert node.run_state is RunState.INIT
+
+
+def test_unknown_machine_is_listed_once(inventory: Inventory) -> None:
+    inventory.saw_unknown("52:54:00:00:00:99", "bios", "PXEClient")
+    inventory.saw_unknown("52:54:00:00:00:99", "bios", "PXEClient")
+    assert inventory.unknown["52:54:00:00:00:99"].requests == 2

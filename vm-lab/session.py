@@ -1,0 +1,139 @@
+"""The lab with a ``layerpy serve`` inside it: what the demo and the e2e tests run.
+
+Talks to the server the way an admin would, over its HTTP API, from inside the lab's
+namespace (curl through ``ip netns exec``), so nothing leaves the namespace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lab import Lab, Vm, VmSpec
+
+REPO = Path(__file__).resolve().parent.parent
+LAB_CONFIG = REPO / "configs" / "lab.toml"
+LAYERPY = REPO / ".venv" / "bin" / "layerpy"
+SERVER = "http://10.99.0.1:8080"
+
+# The lab's machines, as configs/lab.toml knows them (cn099's MAC is in no file).
+MACHINES = {
+    "cn001": VmSpec("cn001", "52:54:00:99:00:11", "bios"),
+    "cn002": VmSpec("cn002", "52:54:00:99:00:12", "bios"),
+    "cn003": VmSpec("cn003", "52:54:00:99:00:13", "uefi"),
+    "cn004": VmSpec("cn004", "52:54:00:99:00:14", "uefi-pxe"),
+    "stray": VmSpec("stray", "52:54:00:99:00:99", "bios"),
+}
+
+
+class LabSession:
+    """A running lab: namespace, bridge, ``layerpy serve`` and the VMs started so far."""
+
+    def __init__(self, run_dir: Path, config: Path = LAB_CONFIG) -> None:
+        self.run_dir = Path(run_dir).resolve()
+        self.lab = Lab(self.run_dir)
+        try:
+            self.serve_log = self.run_dir / "serve.log"
+            command = [
+                str(LAYERPY),
+                "serve",
+                "-c",
+                str(config),
+                "--state-dir",
+                str(self.run_dir / "state"),
+            ]
+            self.server = self.lab.popen(command, log=self.serve_log)
+            self.wait(lambda: self.api("/api/v1/nodes", quiet=True) is not None, 30, "server up")
+        except BaseException:
+            self.lab.close()
+            raise
+
+    def api(self, path: str, *, quiet: bool = False) -> Any:
+        """GET a JSON document from the server, or None when it does not answer."""
+        result = self.lab.run(["curl", "-sf", "--max-time", "5", SERVER + path], check=False)
+        if result.returncode:
+            if not quiet and self.server.poll() is not None:
+                raise RuntimeError(f"layerpy serve exited:\n{self.serve_log.read_text()[-3000:]}")
+            return None
+        return json.loads(result.stdout)
+
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        return {node["name"]: node for node in self.api("/api/v1/nodes") or []}
+
+    def start(self, *names: str) -> list[Vm]:
+        return [self.lab.add_vm(MACHINES[name]) for name in names]
+
+    def wait(self, condition: Callable[[], bool], timeout: float, what: str) -> float:
+        """Poll until `condition` holds; return the seconds it took or raise TimeoutError."""
+        started = time.monotonic()
+        while not condition():
+            if self.server.poll() is not None:
+                raise RuntimeError(f"layerpy serve exited:\n{self.serve_log.read_text()[-3000:]}")
+            if time.monotonic() - started > timeout:
+                raise TimeoutError(f"{what}: not within {timeout:.0f} s")
+            time.sleep(0.5)
+        return time.monotonic() - started
+
+    def wait_state(self, names: list[str], state: str, timeout: float) -> float:
+        def reached() -> bool:
+            nodes = self.nodes()
+            return all(nodes.get(name, {}).get("run_state") == state for name in names)
+
+        return self.wait(reached, timeout, f"{', '.join(names)} {state}")
+
+    def close(self) -> None:
+        self.lab.close()
+
+    def __enter__(self) -> LabSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def print_status(session: LabSession) -> None:
+    status = session.lab.run([str(LAYERPY), "status", "--server", SERVER], check=False)
+    print(status.stdout or status.stderr, flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Boot lab VMs from layerpy serve.")
+    parser.add_argument("--vms", default="cn001,cn002,cn003", help="which lab machines to boot")
+    parser.add_argument(
+        "--until-ready",
+        action="store_true",
+        help="exit 0 once every VM is ready, non-zero on failure",
+    )
+    parser.add_argument("--timeout", type=float, default=180)
+    parser.add_argument("--run-dir", type=Path, default=REPO / "vm-lab" / "run")
+    args = parser.parse_args()
+    names = args.vms.split(",")
+    with LabSession(args.run_dir) as session:
+        print(f"lab {session.lab.netns}: logs in {session.run_dir}", flush=True)
+        session.start(*names)
+        try:
+            took = session.wait_state(names, "ready", args.timeout)
+        except (TimeoutError, RuntimeError) as error:
+            print(f"FAILED: {error}", file=sys.stderr)
+            print_status(session)
+            return 1
+        print(f"all {len(names)} nodes ready after {took:.1f} s", flush=True)
+        print_status(session)
+        if args.until_ready:
+            return 0
+        print("the lab keeps running; Ctrl-C ends it and removes everything", flush=True)
+        try:
+            while True:
+                time.sleep(10)
+                print_status(session)
+        except KeyboardInterrupt:
+            return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs everything the lab and the tests need on Debian 12, idempotently:
+# Debian packages, the project's venv, and the minOS (kernel + initramfs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  python3-venv qemu-system-x86 qemu-utils ipxe ovmf busybox-static udhcpc
+  isc-dhcp-client tftp-hpa atftp curl iproute2 cpio zstd kmod gzip
+)
+
+# Nothing we install may start a daemon on this host (they run only inside test namespaces).
+if [ ! -x /usr/sbin/policy-rc.d ] || ! grep -q "exit 101" /usr/sbin/policy-rc.d; then
+  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+  chmod +x /usr/sbin/policy-rc.d
+fi
+
+missing=()
+for package in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" \
+    || missing+=("$package")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The venv, rebuilt only when pyproject.toml changes.
+stamp=.venv/.layerpy-setup
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "setup: creating the venv"
+  /usr/bin/python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+  echo "$want" > "$stamp"
+fi
+
+minos/build.sh
