@@ -1,0 +1,116 @@
+"""The HTTP side of ``layerpy serve`` with curl as the peer, in a namespace of its own."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from netns import Netns
+
+LAYERPY = Path(sys.executable).parent / "layerpy"
+BASE = "http://10.66.0.1:8080"
+
+pytestmark = pytest.mark.netns
+
+
+@pytest.fixture
+def host(make_config, tmp_path: Path):
+    """A namespace whose veth interface holds the server's , both nodes. and a stranger.s addresses."""
+    ns = Netns("lph")
+    try:
+        ns.run("ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1")
+        ns.run("ip", "link", "set", "d1", "up")
+        for address in ("10.66.0.1/24", "10.66.0.11/24", "10.66.0.12/24", "10.66.0.99/24"):
+            ns.run("ip", "addr", "add", address, "dev", "d0")
+        ns.run("ip", "link", "set", "d0", "up")
+        config = make_config(server="10.66.0.1", interface="d0")
+        log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
+        ns.popen([str(LAYERPY), "serve", "-c", str(config.path)], stdout=log, stderr=log)
+        deadline = time.monotonic() + 20
+        while ns.run("curl", "-sf", f"{BASE}/api/v1/nodes", check=False).returncode:
+            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            time.sleep(0.2)
+        yield ns
+    finally:
+        ns.close()
+
+
+def curl(ns: Netns, *args: str, source: str = "10.66.0.99") -> tuple[int, str]:
+    result = ns.run("curl", "-s", "--interface", source, "-w", "\n%{http_code}", *args)
+    body, _, code = result.stdout.rpartition("\n")
+    return int(code), body
+
+
+def report(ns: Netns, **fields: object) -> tuple[int, dict]:
+    body = {
+        "node": "cn001",
+        "mac": "52:54:00:99:00:11",
+        "ip": "10.66.0.11",
+        "boot_id": "b1",
+        "seq": 1,
+        "event": "hello",
+        "run_state": "ready",
+        "busy": False,
+    } | fields
+    code, text = curl(
+        ns,
+        "-X",
+        "POST",
+        "-H",
+        "Content-Type: application/json",
+        "--data",
+        json.dumps(body),
+        f"{BASE}/api/v1/agent/report",
+    )
+    return code, json.loads(text)
+
+
+def test_boot_script_only_for_the_node_itself(host: Netns) -> None:
+    code, body = curl(host, f"{BASE}/boot/cn001.ipxe", source="10.66.0.12")
+    assert code == 403 and "only for 10.66.0.11" in body
+    code, body = curl(host, f"{BASE}/boot/nope.ipxe")
+    assert code == 404
+    code, script = curl(host, f"{BASE}/boot/cn001.ipxe", source="10.66.0.11")
+    assert code == 200
+    assert script.startswith("#!ipxe\n")
+    kernel = re.search(r"^kernel (\S+) (.*)$", script, re.M)
+    assert kernel and kernel.group(1) == f"{BASE}/minos/kernel"
+    args = kernel.group(2).split()
+    assert args[:2] == ["initrd=minos", "console=ttyS0"]
+    assert f"layerpy.server={BASE}" in args and "layerpy.node=cn001" in args
+    assert "BOOTIF=01-52-54-00-99-00-11" in args
+    assert f"initrd --name minos {BASE}/minos/initrd" in script
+
+
+def test_kernel_initrd_and_timeline(host: Netns, tmp_path: Path) -> None:
+    script = curl(host, f"{BASE}/boot/cn001.ipxe", source="10.66.0.11")[1]
+    token = re.search(r"layerpy.token=(\S+)", script).group(1)
+    for name, path in (("kernel", "vmlinuz"), ("initrd", "initrd")):
+        code, body = curl(host, f"{BASE}/minos/{name}", source="10.66.0.11")
+        assert code == 200 and body == (tmp_path / path).read_text()
+    code, partial = curl(host, "-r", "0-6", f"{BASE}/minos/kernel")
+    assert code == 206 and partial == "vmlinuz"
+    assert report(host, token=token) == (200, {"heartbeat": 2.0, "node": "cn001"})
+    assert report(host, token=token, event="heartbeat", seq=2)[0] == 200
+    node = json.loads(curl(host, f"{BASE}/api/v1/nodes/cn001")[1])
+    assert node["run_state"] == "ready"
+    assert list(node["timeline"]) == ["script", "kernel", "initrd", "agent_hello", "ready"]
+
+
+def test_bad_reports_are_refused_and_counted(host: Netns) -> None:
+    curl(host, f"{BASE}/boot/cn001.ipxe", source="10.66.0.11")
+    assert report(host, token="forged") == (403, {"error": "wrong boot token for cn001"})
+    code, body = curl(host, "-X", "POST", "--data", "{not json", f"{BASE}/api/v1/agent/report")
+    assert code == 400 and "must be JSON" in body
+    code, body = curl(host, "-X", "POST", "--data", '{"node": 1}', f"{BASE}/api/v1/agent/report")
+    assert code == 400 and "'node' is missing or not str" in body
+    stats = json.loads(curl(host, f"{BASE}/api/v1/stats")[1])["http"]
+    assert stats["POST /api/v1/agent/report"]["failures"] == 3
+    assert "layerpy_failures_total" in curl(host, f"{BASE}/metrics")[1]
+    nodes = json.loads(curl(host, f"{BASE}/api/v1/nodes")[1])
+    assert [n["run_state"] for n in nodes] == ["booting", "unknown"]
