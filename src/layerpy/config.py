@@ -7,6 +7,7 @@ is wrong, so ``layerpy check`` can say everything in one go.
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from collections.abc import Callable, Iterator
@@ -201,8 +202,7 @@ class _Reader:
             return default
 
     def path(self, value: str) -> Path:
-        candidate = Path(value).expanduser()
-        return candidate if candidate.is_absolute() else (self.base / candidate)
+        return Path(os.path.normpath(self.base / Path(value).expanduser()))
 
     # -- sections ---------------------------------------------------------------------
 
