@@ -1,0 +1,303 @@
+#!/bin/bash
+# Build the layerpy minOS: Debian's cloud kernel + a tiny initramfs (busybox-static,
+# Debian's python3.11 with the stdlib trimmed to what the agent imports, the agent).
+#
+#   minos/build.sh [--force] [--compress auto|gzip|zstd]
+#
+# Outputs minos/out/vmlinuz and minos/out/minos.cpio.{gz,zst} (plus minos/out/initrd, a
+# symlink to whichever was built, and BUILDINFO). Run as root on Debian 12: it only
+# downloads .debs (apt-get download) and unpacks them (dpkg-deb -x); nothing is installed.
+#
+# Cached: when the inputs (deb versions, minos/ files, the agent sources, options) hash to
+# the stamp of the last build, it prints "up to date" and exits. Reproducible: sorted cpio
+# entries, mtimes from SOURCE_DATE_EPOCH, owner 0:0, gzip -n / zstd, hash-based .pyc.
+#
+# Environment: LAYERPY_CACHE (default /var/cache/layerpy: debs/ and the work tree),
+# SOURCE_DATE_EPOCH (default 1704067200), LAYERPY_KERNEL_PKG (default: what
+# linux-image-cloud-amd64 depends on), LAYERPY_MINOS_MODULES (extra module names).
+set -euo pipefail
+umask 022
+export LC_ALL=C TZ=UTC
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(dirname "$HERE")
+SRC=$REPO/src/layerpy
+CACHE=${LAYERPY_CACHE:-/var/cache/layerpy}
+DEBS=$CACHE/debs
+WORK=$CACHE/work
+OUT=$HERE/out
+export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-1704067200}
+
+# Kernel modules: the NIC (virtio-net: the cloud kernel has no e1000), and what running
+# system images needs later (overlay, squashfs, loop). Their dependencies come along.
+MODULES="virtio_pci virtio_net overlay squashfs loop ${LAYERPY_MINOS_MODULES:-}"
+PACKAGES="busybox-static python3.11-minimal libpython3.11-minimal libpython3.11-stdlib
+libc6 zlib1g libexpat1"
+
+FORCE=0
+COMPRESS=auto
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --force) FORCE=1 ;;
+    --compress) COMPRESS=${2:?}; shift ;;
+    --compress=*) COMPRESS=${1#*=} ;;
+    -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
+    *) echo "build.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+case "$COMPRESS" in auto | gzip | zstd) ;; *) echo "build.sh: --compress auto|gzip|zstd" >&2; exit 2 ;; esac
+
+log() { echo "minos: $*" >&2; }
+die() { echo "minos: error: $*" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || die "run as root (device nodes, chroot check, apt-get download)"
+for tool in apt-get apt-cache dpkg-deb cpio gzip depmod modprobe sha256sum chroot; do
+    command -v "$tool" >/dev/null || die "$tool is missing"
+done
+
+size_line() { # file -> "N bytes (M MB)"
+    local n
+    n=$(stat -c %s "$1")
+    echo "$n bytes ($(awk -v n="$n" 'BEGIN { printf "%.2f", n / 1048576 }') MB)"
+}
+
+START=$(date +%s.%N)
+
+# --- 1. resolve package versions (local apt lists; update only if they are missing) ---
+apt_retry() { # run "$@"; on failure refresh the lists once and retry
+    if ! "$@" 2>/dev/null; then
+        log "apt lists missing or stale; running apt-get update"
+        apt-get update -qq >&2
+        "$@"
+    fi
+}
+kernel_pkg() {
+    if [ -n "${LAYERPY_KERNEL_PKG:-}" ]; then echo "$LAYERPY_KERNEL_PKG"; return; fi
+    apt-cache show --no-all-versions linux-image-cloud-amd64 2>/dev/null |
+        sed -n 's/^Depends: //p' | tr ',|' '\n\n' | awk '{print $1}' |
+        grep -E '^linux-image-[0-9].*-cloud-amd64$' | head -n1
+}
+KPKG=$(kernel_pkg || true)
+if [ -z "$KPKG" ]; then
+    apt-get update -qq >&2
+    KPKG=$(kernel_pkg) || true
+fi
+[ -n "$KPKG" ] || die "cannot resolve linux-image-cloud-amd64 to a kernel package"
+# shellcheck disable=SC2086
+URIS=$(apt_retry apt-get download --print-uris "$KPKG" $PACKAGES) || die "apt-get download --print-uris failed"
+# lines: 'URI' FILENAME SIZE SHA256:HEX  -> "FILENAME HEX"
+DEBLIST=$(echo "$URIS" | awk '{ sub(/^SHA256:/, "", $4); print $2, $4 }' | sort)
+[ "$(echo "$DEBLIST" | wc -l)" -ge 8 ] || die "unexpected apt-get output: $URIS"
+
+# --- 2. input hash: deb versions + minos/ + agent sources + options ---
+input_files() {
+    (cd "$REPO" && find minos src/layerpy/agent src/layerpy/proto -type f \
+        ! -path 'minos/out/*' ! -name '*.pyc' ! -path '*/__pycache__/*' -print
+    echo src/layerpy/__init__.py) | sort
+}
+INPUT_HASH=$({
+    echo "$DEBLIST"
+    echo "opts compress=$COMPRESS epoch=$SOURCE_DATE_EPOCH kernel=$KPKG modules=$MODULES"
+    input_files | (cd "$REPO" && xargs sha256sum)
+} | sha256sum | cut -c1-64)
+
+STAMP=$OUT/.stamp
+if [ "$FORCE" = 0 ] && [ -f "$STAMP" ] && [ "$(head -n1 "$STAMP")" = "$INPUT_HASH" ]; then
+    INITRD=$OUT/$(sed -n 2p "$STAMP")
+    if [ -f "$INITRD" ] && [ -f "$OUT/vmlinuz" ]; then
+        echo "minos: up to date: $INITRD $(size_line "$INITRD")"
+        exit 0
+    fi
+fi
+
+# --- 3. download what the cache lacks, check hashes ---
+mkdir -p "$DEBS"
+need=()
+while read -r file sha; do
+    if [ ! -f "$DEBS/$file" ] || [ "$(sha256sum <"$DEBS/$file" | cut -c1-64)" != "$sha" ]; then
+        name=${file%%_*}
+        need+=("$name")
+    fi
+done <<<"$DEBLIST"
+if [ ${#need[@]} -gt 0 ]; then
+    log "downloading ${need[*]}"
+    (cd "$DEBS" && apt_retry apt-get download -q -o APT::Sandbox::User=root "${need[@]}" >&2) ||
+        die "apt-get download failed"
+fi
+while read -r file sha; do
+    [ "$(sha256sum <"$DEBS/$file" | cut -c1-64)" = "$sha" ] || die "$file: sha256 mismatch"
+done <<<"$DEBLIST"
+
+# --- 4. unpack all debs into a scratch root ---
+ROOT=$WORK/root
+RFS=$WORK/rootfs
+rm -rf "$WORK"
+mkdir -p "$ROOT" "$RFS" "$OUT"
+while read -r file _; do
+    dpkg-deb -x "$DEBS/$file" "$ROOT"
+done <<<"$DEBLIST"
+KVER=$(basename "$(ls -d "$ROOT"/lib/modules/*/ | head -n1)")
+[ -f "$ROOT/boot/vmlinuz-$KVER" ] || die "no vmlinuz for $KVER in $KPKG"
+LIBDIR=lib/x86_64-linux-gnu
+LDSO=$ROOT/$LIBDIR/ld-linux-x86-64.so.2
+PY=("$LDSO" --library-path "$ROOT/$LIBDIR" "$ROOT/usr/bin/python3.11")
+PYV=$(PYTHONHOME=$ROOT/usr "${PY[@]}" -S -c 'import sys; print(sys.version.split()[0])')
+log "kernel $KVER ($KPKG), python $PYV"
+
+# --- 5. the initramfs tree ---
+cd "$RFS"
+mkdir -p bin sbin usr/bin usr/sbin usr/lib usr/share/udhcpc etc root proc sys dev run tmp \
+    mnt var "$LIBDIR" lib64 usr/lib/layerpy
+chmod 0700 root
+chmod 1777 tmp
+ln -s /run var/run
+ln -s /tmp var/tmp
+mknod -m 600 dev/console c 5 1 # the kernel opens it for /init before devtmpfs is mounted
+mknod -m 666 dev/null c 1 3
+
+# busybox and its applet links
+install -m 0755 "$ROOT/bin/busybox" bin/busybox
+"$ROOT/bin/busybox" --list-full | while read -r applet; do
+    case "$applet" in linuxrc | bin/busybox) continue ;; esac
+    [ -e "$applet" ] || [ -L "$applet" ] || ln -s /bin/busybox "$applet"
+done
+
+# python and the shared libraries it (and the kept extension modules) load
+install -m 0755 "$ROOT/usr/bin/python3.11" usr/bin/python3.11
+ln -s python3.11 usr/bin/python3
+
+# layerpy subset: __init__, agent/, proto/ (sources copied to a scratch tree first)
+LPSRC=$WORK/layerpy-src
+mkdir -p "$LPSRC/layerpy"
+cp "$SRC/__init__.py" "$LPSRC/layerpy/"
+for sub in agent proto; do
+    mkdir -p "$LPSRC/layerpy/$sub"
+    if [ -d "$SRC/$sub" ]; then
+        (cd "$SRC/$sub" && find . -name '*.py' ! -path '*/__pycache__/*' -print0 |
+            xargs -0 -r cp --parents -t "$LPSRC/layerpy/$sub")
+    fi
+    [ -f "$LPSRC/layerpy/$sub/__init__.py" ] || : >"$LPSRC/layerpy/$sub/__init__.py"
+done
+
+# stdlib: trace what the agent imports, byte-compile just that (sourceless, -OO)
+PYENV=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin PYTHONHOME="$ROOT/usr"
+    PYTHONPATH="$LPSRC" PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH="$SOURCE_DATE_EPOCH")
+"${PYENV[@]}" "${PY[@]}" -s "$HERE/trim.py" trace >"$WORK/stdlib.list"
+log "stdlib: $(wc -l <"$WORK/stdlib.list") modules kept"
+"${PYENV[@]}" "${PY[@]}" -s "$HERE/trim.py" install "$WORK/stdlib.list" \
+    "$ROOT/usr/lib/python3.11" "$RFS/usr/lib/python3.11" /usr/lib/python3.11 2
+(cd "$LPSRC" && find layerpy -name '*.py' | sort) >"$WORK/layerpy.list"
+"${PYENV[@]}" "${PY[@]}" -s "$HERE/trim.py" install "$WORK/layerpy.list" \
+    "$LPSRC" "$RFS/usr/lib/layerpy" /usr/lib/layerpy 0
+
+# shared libraries: ask the staged ld.so what python3.11 and kept .so files need
+copy_lib() { # path under $ROOT -> same path under $RFS, following symlinks
+    local rel=$1 target
+    [ -e "$RFS/$rel" ] && return
+    if [ -L "$ROOT/$rel" ]; then
+        target=$(readlink "$ROOT/$rel")
+        ln -s "$target" "$RFS/$rel"
+        copy_lib "$(dirname "$rel")/$target"
+    else
+        install -m 0755 "$ROOT/$rel" "$RFS/$rel"
+    fi
+}
+ELFS=("$ROOT/usr/bin/python3.11")
+while read -r so; do ELFS+=("$ROOT/usr/lib/python3.11/$so"); done < <(grep '\.so$' "$WORK/stdlib.list" || true)
+for elf in "${ELFS[@]}"; do
+    "$LDSO" --library-path "$ROOT/$LIBDIR" --list "$elf" | awk '$2 == "=>" { print $3 }'
+done | sort -u | while read -r lib; do
+    case "$lib" in "$ROOT"/*) copy_lib "${lib#"$ROOT"/}" ;; *) die "$lib is not from the staged debs" ;; esac
+done
+install -m 0755 "$LDSO" "$RFS/$LIBDIR/ld-linux-x86-64.so.2"
+ln -s "/$LIBDIR/ld-linux-x86-64.so.2" lib64/ld-linux-x86-64.so.2
+
+# kernel modules and their dependencies
+MODDIR=lib/modules/$KVER
+depmod -b "$ROOT" "$KVER"
+mkdir -p "$RFS/$MODDIR"
+# shellcheck disable=SC2086
+for m in $MODULES; do
+    modprobe -d "$ROOT" -S "$KVER" --show-depends "$m" || die "module $m not in $KPKG"
+done | awk '$1 == "insmod" { print $2 }' | sort -u | while read -r ko; do
+    rel=${ko#"$ROOT"/}
+    mkdir -p "$RFS/$(dirname "$rel")"
+    install -m 0644 "$ko" "$RFS/$rel"
+done
+cp "$ROOT/$MODDIR/modules.builtin" "$ROOT/$MODDIR/modules.builtin.modinfo" "$RFS/$MODDIR/"
+(cd "$RFS/$MODDIR" && find kernel -name '*.ko' | sort) >"$WORK/kept.ko"
+grep -Fxf "$WORK/kept.ko" "$ROOT/$MODDIR/modules.order" >"$RFS/$MODDIR/modules.order" || true
+depmod -b "$RFS" "$KVER"
+
+# minOS files: /init, inittab, udhcpc hook, agent wrapper, a few /etc basics
+install -m 0755 "$HERE/init" init
+install -m 0644 "$HERE/inittab" etc/inittab
+install -m 0755 "$HERE/udhcpc.script" usr/share/udhcpc/default.script
+install -m 0755 "$HERE/agent-run" usr/lib/layerpy/agent-run
+install -m 0644 "$HERE/profile" etc/profile
+printf 'root::0:0:root:/root:/bin/sh\n' >etc/passwd
+printf 'root:x:0:\n' >etc/group
+printf '127.0.0.1\tlocalhost\n::1\tlocalhost\n' >etc/hosts
+printf 'hosts: files dns\n' >etc/nsswitch.conf
+: >etc/resolv.conf
+{
+    echo "NAME=\"layerpy minOS\""
+    echo "KERNEL=$KVER"
+    echo "PYTHON=$PYV"
+    echo "INPUTS=$INPUT_HASH"
+    echo "$DEBLIST" | awk '{ print "DEB=" $1 }'
+} >etc/minos-release
+
+# --- 6. check the tree: the agent's code paths import inside it (a chroot, no network) ---
+chroot "$RFS" /usr/bin/env -i PATH=/sbin:/usr/sbin:/bin:/usr/bin PYTHONHOME=/usr \
+    PYTHONPATH=/usr/lib/layerpy PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 - verify \
+    <"$HERE/trim.py" >&2 || die "the trimmed python cannot run the agent"
+rm -f etc/resolv.conf && : >etc/resolv.conf
+
+# --- 7. pack: sorted entries, fixed mtimes and owners ---
+find . -mindepth 1 -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
+find . -mindepth 1 -printf '%P\n' | sort |
+    cpio --quiet --reproducible -H newc -o -R 0:0 >"$WORK/minos.cpio"
+(find . -mindepth 1 -printf '%y %m %s %P\n' | sort -k4) >"$OUT/manifest.txt"
+gz() { gzip -9 -n -c "$WORK/minos.cpio" >"$WORK/minos.cpio.gz"; }
+zs() { zstd -q -19 -T1 -c "$WORK/minos.cpio" >"$WORK/minos.cpio.zst"; }
+case "$COMPRESS" in
+gzip) gz; CHOSEN=minos.cpio.gz ;;
+zstd) zs; CHOSEN=minos.cpio.zst ;;
+auto)
+    gz
+    if command -v zstd >/dev/null && grep -qx 'CONFIG_RD_ZSTD=y' "$ROOT/boot/config-$KVER"; then
+        zs
+        if [ "$(stat -c %s "$WORK/minos.cpio.zst")" -lt "$(stat -c %s "$WORK/minos.cpio.gz")" ]; then
+            CHOSEN=minos.cpio.zst
+        else
+            CHOSEN=minos.cpio.gz
+        fi
+        log "gzip -9: $(size_line "$WORK/minos.cpio.gz"), zstd -19: $(size_line "$WORK/minos.cpio.zst")"
+    else
+        CHOSEN=minos.cpio.gz
+    fi
+    ;;
+esac
+rm -f "$OUT/minos.cpio.gz" "$OUT/minos.cpio.zst" "$OUT/initrd"
+cp "$WORK/$CHOSEN" "$OUT/$CHOSEN"
+ln -s "$CHOSEN" "$OUT/initrd"
+cp "$ROOT/boot/vmlinuz-$KVER" "$OUT/vmlinuz"
+{
+    echo "kernel=$KVER"
+    echo "kernel_package=$KPKG"
+    echo "python=$PYV"
+    echo "initrd=$CHOSEN"
+    echo "inputs=$INPUT_HASH"
+    (cd "$OUT" && sha256sum vmlinuz "$CHOSEN")
+    echo "$DEBLIST" | awk '{ print "deb " $1 }'
+} >"$OUT/BUILDINFO"
+printf '%s\n%s\n' "$INPUT_HASH" "$CHOSEN" >"$STAMP"
+
+SIZE=$(stat -c %s "$OUT/$CHOSEN")
+ELAPSED=$(awk -v a="$START" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+echo "minos: kernel $OUT/vmlinuz ($KVER, $(size_line "$OUT/vmlinuz"))"
+echo "minos: initramfs $OUT/$CHOSEN ($( [ "$CHOSEN" = minos.cpio.zst ] && echo zstd || echo gzip)," \
+    "$(size_line "$OUT/$CHOSEN"), cpio $(size_line "$WORK/minos.cpio")) in ${ELAPSED} s"
+[ "$SIZE" -le $((10 * 1048576)) ] || die "initramfs is over the 10 MB hard limit"
+[ "$SIZE" -le $((8 * 1048576)) ] || log "warning: initramfs is over the 8 MB target"

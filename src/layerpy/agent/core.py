@@ -1,0 +1,367 @@
+"""The agent's report loop: tell the server who and where this node is, forever.
+
+Observations flow up (identity, MAC, IP, boot timeline), intent flows down (for now just
+the heartbeat interval). The loop never exits: a node whose server is away keeps
+running and keeps trying, without flooding the console or the network.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+
+import layerpy
+from layerpy.agent.cmdline import Config, read_cmdline
+from layerpy.agent.net import Nic, source_address
+
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+UPTIME = "/proc/uptime"
+STATE_DIR = "/run/layerpy"
+HTTP_TIMEOUT = 5.0
+MIN_HEARTBEAT = 0.1
+MAX_HEARTBEAT = 3600.0
+CONFIG_RETRY = 30.0
+
+
+def uptime() -> float:
+    """Seconds since boot: the only clock that means something before NTP."""
+    try:
+        with open(UPTIME, encoding="ascii") as f:
+            return float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return time.monotonic()
+
+
+def boot_id() -> str:
+    try:
+        with open(BOOT_ID, encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+class Log:
+    """One line per event on stderr (the console in the minOS), prefixed with the node."""
+
+    def __init__(self, node: str = "?", stream: io.TextIOBase | None = None) -> None:
+        self.node = node or "?"
+        self.stream = stream
+
+    def __call__(self, msg: str) -> None:
+        stream = self.stream or sys.stderr
+        try:
+            stream.write(f"layerpy-agent {self.node}: {msg}\n")
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+class Outcome:
+    """What one POST produced: ``kind`` is ok, forbidden, rejected or unreachable."""
+
+    __slots__ = ("body", "detail", "kind", "status")
+
+    def __init__(self, kind: str, status: int = 0, body: object = None, detail: str = "") -> None:
+        self.kind = kind
+        self.status = status
+        self.body = body
+        self.detail = detail
+
+
+def post_json(url: str, body: dict, timeout: float) -> Outcome:
+    """POST JSON and classify the answer; never raises for network or HTTP errors."""
+    data = json.dumps(body).encode()
+    req = urllib.request.Request(
+        url,
+        data=data,
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "User-Agent": f"layerpy-agent/{layerpy.__version__}",
+        },
+    )
+    # No proxies: the server is on the node's own boot network, whatever the environment says.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(req, timeout=timeout) as resp:
+            status = resp.status
+            raw = resp.read()
+    except urllib.error.HTTPError as e:
+        status = e.code
+        with_reason = f"HTTP {e.code} {e.reason}"
+        e.close()
+        if status == 403:
+            return Outcome("forbidden", status, detail=with_reason)
+        if status >= 500:
+            return Outcome("unreachable", status, detail=with_reason)
+        return Outcome("rejected", status, detail=with_reason)
+    except (OSError, ValueError, urllib.error.URLError) as e:
+        reason = getattr(e, "reason", None) or e
+        return Outcome("unreachable", detail=str(reason))
+    except Exception as e:  # http.client.HTTPException and friends: a broken peer
+        return Outcome("unreachable", detail=f"{type(e).__name__}: {e}")
+    if status >= 300:
+        return Outcome("rejected", status, detail=f"HTTP {status}")
+    try:
+        parsed = json.loads(raw) if raw.strip() else {}
+    except ValueError:
+        return Outcome("ok", status, {}, detail="response is not JSON")
+    return Outcome("ok", status, parsed if isinstance(parsed, dict) else {})
+
+
+class Agent:
+    """Report loop state; time, sleep and the stop condition are injectable for tests."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        log: Log,
+        *,
+        no_net: bool = False,
+        state_dir: str = STATE_DIR,
+        timeout: float = HTTP_TIMEOUT,
+        backoff_min: float = 1.0,
+        poll: float = 1.0,
+        sleep: Callable[[float], object] = time.sleep,
+        stopped: Callable[[], bool] = lambda: False,
+        agent_start: float | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.log = log
+        self.no_net = no_net
+        self.state_dir = state_dir
+        self.state_path = os.path.join(state_dir, "agent-state.json")
+        self.timeout = timeout
+        self.backoff_min = backoff_min
+        self.poll = poll
+        self.sleep = sleep
+        self.stopped = stopped
+        self.heartbeat = cfg.heartbeat
+        self.boot_id = boot_id()
+        self.seq = 0
+        self.hello_done = False
+        self.timeline: dict[str, float | None] = {
+            "agent_start": uptime() if agent_start is None else agent_start,
+            "nic_up": None,
+            "ip_acquired": None,
+            "hello": None,
+        }
+        self.nic: Nic | None = None
+        self.sent: dict[str, str] = {}  # observations in the last accepted report
+        self.last_response: dict = {}
+        self._failing = ""  # kind of the current failure streak, "" while all is well
+        self._since = 0.0
+        self._failures = 0
+        self._backoff = backoff_min
+        self._load_state()
+
+    # -- state that survives an agent restart within one boot (kept on tmpfs) --
+
+    def _load_state(self) -> None:
+        try:
+            with open(self.state_path, encoding="utf-8") as f:
+                st = json.load(f)
+        except (OSError, ValueError):
+            return
+        if not isinstance(st, dict) or st.get("boot_id") != self.boot_id:
+            return
+        self.seq = int(st.get("seq", 0))
+        self.hello_done = bool(st.get("hello_done"))
+        tl = st.get("timeline")
+        if isinstance(tl, dict):
+            for key in self.timeline:
+                if isinstance(tl.get(key), int | float):
+                    self.timeline[key] = float(tl[key])
+        self.log(f"restarted in the same boot: continuing at seq {self.seq}")
+
+    def _save_state(self) -> None:
+        st = {
+            "boot_id": self.boot_id,
+            "seq": self.seq,
+            "hello_done": self.hello_done,
+            "timeline": self.timeline,
+        }
+        try:
+            os.makedirs(os.path.dirname(self.state_path), exist_ok=True)
+            tmp = self.state_path + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(st, f)
+            os.replace(tmp, self.state_path)
+        except OSError:
+            pass
+
+    # -- observation and reporting --
+
+    def bring_up_network(self) -> None:
+        if self.no_net:
+            return
+        self.nic = Nic(self.cfg.bootif, self.cfg.node, self.log, uptime, run_dir=self.state_dir)
+        self.nic.bring_up(self.sleep)
+        if self.timeline["nic_up"] is None:
+            self.timeline["nic_up"] = self.nic.nic_up
+        if self.timeline["ip_acquired"] is None:
+            self.timeline["ip_acquired"] = self.nic.ip_acquired
+
+    def observe(self) -> dict[str, str]:
+        """Facts whose change triggers an immediate report."""
+        if self.nic is not None:
+            mac, ip = self.nic.mac, self.nic.address()
+        else:
+            url = urllib.parse.urlsplit(self.cfg.server)
+            mac, ip = self.cfg.bootif, source_address(url.hostname or "", url.port or 80)
+        return {"mac": mac, "ip": ip, "hostname": socket.gethostname()}
+
+    def body(self, obs: dict[str, str], event: str) -> dict:
+        return {
+            "node": self.cfg.node,
+            "token": self.cfg.token,
+            "mac": obs["mac"],
+            "ip": obs["ip"],
+            "hostname": obs["hostname"],
+            "boot_id": self.boot_id,
+            "seq": self.seq,
+            "event": event,
+            "run_state": "ready",
+            "busy": False,
+            "uptime": uptime(),
+            "timeline": dict(self.timeline),
+            "agent_version": layerpy.__version__,
+        }
+
+    def report(self, obs: dict[str, str]) -> Outcome:
+        if not self.hello_done:
+            event = "hello"
+            self.timeline["hello"] = uptime()
+        elif obs != self.sent:
+            event = "change"
+        else:
+            event = "heartbeat"
+        self.seq += 1
+        out = post_json(self.cfg.report_url, self.body(obs, event), self.timeout)
+        if out.kind == "ok":
+            self.sent = obs
+            self.last_response = out.body if isinstance(out.body, dict) else {}
+            self._apply_heartbeat(self.last_response.get("heartbeat"))
+            if event == "hello":
+                self.hello_done = True
+                self.log(
+                    f"hello accepted by {self.cfg.server} (seq {self.seq}, ip {obs['ip'] or '-'},"
+                    f" heartbeat {self.heartbeat:g} s)"
+                )
+            elif event == "change":
+                self.log(f"reported change: ip {obs['ip'] or '-'}, mac {obs['mac'] or '-'}")
+            if out.detail:
+                self.log(f"server answered oddly: {out.detail}")
+        self._save_state()
+        return out
+
+    def _apply_heartbeat(self, value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            return
+        value = min(max(float(value), MIN_HEARTBEAT), MAX_HEARTBEAT)
+        if value != self.heartbeat:
+            self.log(f"heartbeat is now {value:g} s (from server)")
+            self.heartbeat = value
+
+    def _next_delay(self, out: Outcome) -> float:
+        """Seconds until the next report; logs transitions, not every failed attempt."""
+        if out.kind == "ok":
+            if self._failing == "unreachable":
+                self.log(
+                    f"server reachable again after {uptime() - self._since:.1f} s"
+                    f" ({self._failures} failed reports)"
+                )
+            elif self._failing:
+                self.log(f"server accepts reports again (seq {self.seq})")
+            self._failing, self._failures, self._backoff = "", 0, self.backoff_min
+            return self.heartbeat
+        self._failures += 1
+        if out.kind != self._failing:
+            self._failing, self._since = out.kind, uptime()
+            if out.kind == "unreachable":
+                self.log(f"server unreachable since uptime {self._since:.1f} s: {out.detail}")
+            elif out.kind == "forbidden":
+                self.log(
+                    f"server refused our token ({out.detail}); retrying every {self.heartbeat:g} s"
+                )
+            else:
+                self.log(f"server rejected the report ({out.detail}); retrying")
+        if out.kind != "unreachable":
+            return self.heartbeat
+        delay = min(self._backoff, self.heartbeat)  # capped exponential backoff
+        self._backoff = min(self._backoff * 2, self.heartbeat)
+        return delay
+
+    def run(self) -> None:
+        """Bring up the network, then report until ``stopped()``."""
+        self.bring_up_network()
+        self._failing, self._since, self._failures = "", 0.0, 0
+        self._backoff = self.backoff_min
+        last_dhcp_check = time.monotonic()
+        while not self.stopped():
+            obs = self.observe()
+            sent_at = time.monotonic()  # the interval runs from send to send
+            deadline = sent_at + self._next_delay(self.report(obs))
+            while not self.stopped():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.sleep(min(left, self.poll))
+                if self.nic is not None and time.monotonic() - last_dhcp_check > 10:
+                    last_dhcp_check = time.monotonic()
+                    self.nic.keep_dhcp()
+                if self.hello_done and not self._failing and self.observe() != self.sent:
+                    break  # report the change now
+
+
+def load_config(log: Log, sleep: Callable[[float], object], stopped: Callable[[], bool]) -> Config:
+    """Read the command line until it names a server and a node; complain slowly."""
+    while True:
+        try:
+            cfg = read_cmdline()
+        except OSError as e:
+            log(f"cannot read the kernel command line: {e}; retrying in {CONFIG_RETRY:g} s")
+        else:
+            log.node = cfg.node or log.node
+            if cfg.ok:
+                for problem in cfg.problems:
+                    log(f"warning: {problem}")
+                return cfg
+            log(
+                "cannot start: " + "; ".join(cfg.problems)
+                + f" on the kernel command line; retrying in {CONFIG_RETRY:g} s"
+            )  # fmt: skip
+        if stopped():
+            raise SystemExit(1)
+        sleep(CONFIG_RETRY)
+
+
+def main() -> None:
+    """Entry point of ``python -m layerpy.agent``: never returns while the node is up."""
+    start = uptime()
+    log = Log()
+    no_net = os.environ.get("LAYERPY_NO_NET") == "1"
+    log(f"layerpy agent {layerpy.__version__} starting at uptime {start:.2f} s (pid {os.getpid()})")
+    while True:
+        try:
+            cfg = load_config(log, time.sleep, lambda: False)
+            log(f"server {cfg.server}, boot interface {cfg.bootif or 'first Ethernet'}")
+            state_dir = os.environ.get("LAYERPY_STATE_DIR", STATE_DIR)
+            Agent(cfg, log, no_net=no_net, state_dir=state_dir, agent_start=start).run()
+        except KeyboardInterrupt:
+            log("interrupted")
+            raise SystemExit(130) from None
+        except Exception:
+            for line in traceback.format_exc().rstrip().splitlines():
+                log(line)
+            log("agent loop crashed; restarting in 10 s")
+            time.sleep(10)

@@ -1,0 +1,232 @@
+"""TFTP server: asyncio sockets around the sans-I/O `layerpy.proto.tftp`.
+
+One socket listens for requests; each transfer answers from its own ephemeral port (its
+TID, RFC 1350) connected to the client, so the kernel drops strangers' packets and turns a
+vanished client into ICMP port unreachable, which ends the transfer at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from layerpy.proto.tftp import (
+    ErrorCode,
+    Malformed,
+    Request,
+    TftpError,
+    Transfer,
+    check_request,
+    parse_request,
+    safe_path,
+)
+
+log = logging.getLogger("layerpy.tftp")
+
+
+@dataclass
+class TftpStats:
+    requests: int = 0
+    transfers_ok: int = 0
+    transfers_failed: int = 0
+    bytes_sent: int = 0  # payload the clients acknowledged
+    malformed: int = 0
+    denied: int = 0
+
+
+@dataclass(frozen=True)
+class TftpEvent:
+    kind: str  # "start" | "done" | "failed" | "denied"
+    client: str
+    port: int
+    filename: str
+    bytes: int = 0
+    seconds: float = 0.0  # since the request arrived
+    reason: str = ""
+
+
+def _socket(
+    address: str, port: int, interface: str | None, peer: tuple | None = None
+) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        if interface:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, interface.encode())
+        sock.bind((address, port))
+        if peer:
+            sock.connect(peer)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _load(root: Path, request: Request) -> bytes:
+    """Runs in a worker thread: the policy checks stat the disk, the read may be megabytes."""
+    check_request(request)
+    try:
+        return safe_path(root, request.filename).read_bytes()
+    except OSError as exc:
+        raise TftpError(ErrorCode.ACCESS_VIOLATION, exc.strerror or "unreadable") from None
+
+
+@dataclass(eq=False)
+class _Session(asyncio.DatagramProtocol):
+    """One transfer's socket and retransmit timer."""
+
+    server: TftpServer
+    transfer: Transfer
+    client: tuple
+    name: str
+    t0: float
+    transport: asyncio.DatagramTransport | None = None
+    timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.server._sessions.add(self)
+        self.server._emit("start", self.client, self.name, self.t0)
+        self._send(self.transfer.start())
+
+    def datagram_received(self, data: bytes, addr) -> None:
+        try:
+            packets = self.transfer.receive(data)
+        except Malformed as exc:
+            self.server.stats.malformed += 1
+            log.debug("%s:%d dropped: %s", *self.client[:2], exc)
+            return
+        self._send(packets)
+
+    def error_received(self, exc: Exception) -> None:
+        self.abort(f"client unreachable: {exc}")
+
+    def abort(self, reason: str) -> None:
+        self.transfer.abort(reason)
+        self._send([])
+
+    def _expire(self) -> None:
+        self._send(self.transfer.expire())
+
+    def _send(self, packets: list[bytes]) -> None:
+        """Send, then restart the timer if anything went out, or wrap up a finished transfer."""
+        assert self.transport is not None
+        if self.transport.is_closing():
+            return
+        for packet in packets:
+            self.transport.sendto(packet)
+        if log.isEnabledFor(logging.DEBUG) and packets:
+            log.debug("%s:%d sent %d packet(s)", *self.client[:2], len(packets))
+        if self.timer and (packets or self.transfer.state != "open"):
+            self.timer.cancel()
+        if self.transfer.state != "open":
+            self.transport.close()
+            self.server._finished(self)
+        elif packets:
+            loop = asyncio.get_running_loop()
+            self.timer = loop.call_later(self.transfer.timeout, self._expire)
+
+
+class TftpServer(asyncio.DatagramProtocol):
+    """The listen socket; `close()` is synchronous, idempotent, and aborts open transfers."""
+
+    def __init__(
+        self,
+        root: Path,
+        address: str,
+        interface: str | None,
+        on_event: Callable[[TftpEvent], None] | None,
+        **options: float,
+    ) -> None:
+        self.root, self.address, self.interface, self.on_event = root, address, interface, on_event
+        self.options = options  # for Transfer: timeout, retries
+        self.stats = TftpStats()
+        self._listen: asyncio.DatagramTransport | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._sessions: set[_Session] = set()
+
+    def connection_made(self, transport) -> None:
+        self._listen = transport
+
+    def datagram_received(self, data: bytes, addr) -> None:
+        try:
+            request = parse_request(data)
+        except Malformed as exc:
+            self.stats.malformed += 1
+            log.debug("%s:%d dropped: %s", *addr[:2], exc)
+            return
+        self.stats.requests += 1
+        task = asyncio.get_running_loop().create_task(self._serve(request, addr))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, request: Request, client: tuple) -> None:
+        t0 = time.monotonic()
+        try:
+            data = await asyncio.to_thread(_load, self.root, request)
+        except TftpError as exc:
+            self.stats.denied += 1
+            if self._listen:
+                self._listen.sendto(exc.packet(), client)
+            self._emit("denied", client, request.filename, t0, reason=exc.message)
+            return
+        transfer = Transfer(request, data, **self.options)
+        loop = asyncio.get_running_loop()
+        try:
+            sock = _socket(self.address, 0, self.interface, client)
+            await loop.create_datagram_endpoint(
+                lambda: _Session(self, transfer, client, request.filename, t0), sock=sock
+            )
+        except OSError as exc:
+            self.stats.transfers_failed += 1
+            self._emit("failed", client, request.filename, t0, reason=str(exc))
+
+    def _finished(self, session: _Session) -> None:
+        transfer, ok = session.transfer, session.transfer.state == "done"
+        self._sessions.discard(session)
+        self.stats.transfers_ok += ok
+        self.stats.transfers_failed += not ok
+        self.stats.bytes_sent += transfer.bytes_acked
+        kind, reason = ("done", "") if ok else ("failed", transfer.reason)
+        self._emit(kind, session.client, session.name, session.t0, transfer.bytes_acked, reason)
+
+    def _emit(self, kind: str, client: tuple, name: str, t0: float, size=0, reason="") -> None:
+        event = TftpEvent(kind, client[0], client[1], name, size, time.monotonic() - t0, reason)
+        level = logging.DEBUG if kind == "start" else logging.INFO
+        line = f"{kind} {client[0]}:{client[1]} {name} {size} bytes {event.seconds:.3f} s {reason}"
+        log.log(level, "%s", line.rstrip())
+        if self.on_event:
+            try:
+                self.on_event(event)
+            except Exception:
+                log.exception("on_event handler failed")
+
+    def close(self) -> None:
+        if self._listen:
+            self._listen.close()
+        for task in self._tasks:
+            task.cancel()
+        for session in list(self._sessions):
+            session.abort("server closed")
+
+
+async def start_tftp(
+    root: Path,
+    address: str,
+    port: int = 69,
+    *,
+    interface: str | None = None,
+    on_event: Callable[[TftpEvent], None] | None = None,
+    timeout: float = 1.0,
+    retries: int = 5,
+) -> TftpServer:
+    """Serve files under `root` read-only on address:port (bound to `interface` if given)."""
+    server = TftpServer(root, address, interface, on_event, timeout=timeout, retries=retries)
+    sock = _socket(address, port, interface)
+    await asyncio.get_running_loop().create_datagram_endpoint(lambda: server, sock=sock)
+    return server

@@ -1,0 +1,363 @@
+"""The minOS agent: command line parsing and the report loop against a loopback server.
+
+The loop runs in a thread with LAYERPY_NO_NET semantics (no NIC handling) and talks to a
+threaded http.server on 127.0.0.1; intervals are tenths of a second so the file is fast.
+"""
+
+from __future__ import annotations
+
+import http.server
+import io
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+import layerpy
+from layerpy.agent import Agent, Log, parse_cmdline, read_cmdline
+from layerpy.agent.cmdline import normalize_mac, split_cmdline
+from layerpy.agent.core import load_config, post_json
+
+# -- command line -----------------------------------------------------------------------
+
+
+def test_cmdline_full() -> None:
+    cfg = parse_cmdline(
+        "BOOT_IMAGE=/vmlinuz console=ttyS0 layerpy.server=http://10.99.0.1:8080/ "
+        "layerpy.node=cn001 layerpy.token=abc=def BOOTIF=01-52-54-00-12-34-56 quiet\n"
+    )
+    assert cfg.ok and cfg.problems == []
+    assert cfg.server == "http://10.99.0.1:8080"
+    assert cfg.report_url == "http://10.99.0.1:8080/api/v1/agent/report"
+    assert cfg.node == "cn001"
+    assert cfg.token == "abc=def"  # only the first "=" splits
+    assert cfg.bootif == "52:54:00:12:34:56"
+    assert cfg.heartbeat == 5.0
+    assert cfg.params["quiet"] == ""
+
+
+def test_cmdline_heartbeat_quotes_and_last_wins() -> None:
+    cfg = parse_cmdline(
+        'layerpy.node=a layerpy.node=b layerpy.server=https://h layerpy.heartbeat=2.5 x="1 2"'
+    )
+    assert cfg.node == "b"
+    assert cfg.heartbeat == 2.5
+    assert cfg.params["x"] == "1 2"
+    assert cfg.ok
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ("layerpy.node=n", "layerpy.server= is missing"),
+        ("layerpy.server=http://h", "layerpy.node= is missing"),
+        ("layerpy.server=ftp://h layerpy.node=n", "is not an http:// URL"),
+        ("", "layerpy.server= is missing"),
+    ],
+)
+def test_cmdline_missing(line: str, problem: str) -> None:
+    cfg = parse_cmdline(line)
+    assert not cfg.ok
+    assert any(problem in p for p in cfg.problems)
+
+
+def test_cmdline_soft_problems_keep_ok() -> None:
+    cfg = parse_cmdline("layerpy.server=http://h layerpy.node=n BOOTIF=zz layerpy.heartbeat=-1")
+    assert cfg.ok
+    assert cfg.bootif == ""
+    assert cfg.heartbeat == 5.0
+    assert len(cfg.problems) == 2
+
+
+@pytest.mark.parametrize(
+    ("raw", "mac"),
+    [
+        ("01-52-54-00-12-34-56", "52:54:00:12:34:56"),
+        ("52:54:00:AB:CD:EF", "52:54:00:ab:cd:ef"),
+        ("52-54-00-ab-cd-ef", "52:54:00:ab:cd:ef"),
+        ("525400abcdef", "52:54:00:ab:cd:ef"),
+        ("52:54:00:ab:cd", ""),
+        ("52:54:00:ab:cd:gg", ""),
+        ("", ""),
+    ],
+)
+def test_normalize_mac(raw: str, mac: str) -> None:
+    assert normalize_mac(raw) == mac
+
+
+def test_split_cmdline() -> None:
+    assert split_cmdline('  a=1\tb="x y"  c "" d\n') == ["a=1", "b=x y", "c", "", "d"]
+
+
+def test_read_cmdline_env_override(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "cmdline"
+    path.write_text("layerpy.server=http://h:1 layerpy.node=n7\n")
+    monkeypatch.setenv("LAYERPY_CMDLINE", str(path))
+    assert read_cmdline().node == "n7"
+
+
+def test_load_config_complains_instead_of_crashing(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "cmdline"
+    path.write_text("console=ttyS0\n")
+    monkeypatch.setenv("LAYERPY_CMDLINE", str(path))
+    out = io.StringIO()
+    with pytest.raises(SystemExit):
+        load_config(Log(stream=out), lambda s: None, lambda: True)
+    line = out.getvalue()
+    assert line.startswith("layerpy-agent ?: cannot start: layerpy.server= is missing")
+    assert "retrying in 30 s" in line
+
+
+def test_log_prefix() -> None:
+    out = io.StringIO()
+    Log("cn001", out)("hello")
+    assert out.getvalue() == "layerpy-agent cn001: hello\n"
+
+
+# -- report loop against a loopback server ----------------------------------------------
+
+
+class FakeServer:
+    """Threaded http.server recording report bodies; status and heartbeat are settable."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.reports: list[dict] = []
+        self.times: list[float] = []
+        self.status = 200
+        self.heartbeat: float | None = 0.2
+        self.cond = threading.Condition()
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                n = int(self.headers.get("Content-Length", 0))
+                body = json.loads(self.rfile.read(n))
+                with owner.cond:
+                    owner.reports.append({"path": self.path, **body})
+                    owner.times.append(time.monotonic())
+                    owner.cond.notify_all()
+                data = b"{}"
+                if owner.status == 200 and owner.heartbeat is not None:
+                    data = json.dumps({"heartbeat": owner.heartbeat, "image": None}).encode()
+                self.send_response(owner.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
+        self.thread.start()
+
+    def wait(self, n: int, timeout: float = 5.0) -> list[dict]:
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.reports) >= n, timeout), self.reports
+            return list(self.reports)
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class Running:
+    """An Agent looping in a thread until stopped; its log lines are kept."""
+
+    def __init__(self, port: int, state_dir, extra: str = "", **kw: object) -> None:
+        self.cfg = parse_cmdline(
+            f"layerpy.server=http://127.0.0.1:{port} layerpy.node=t1 layerpy.token=tok "
+            f"BOOTIF=01-52-54-00-12-34-56 {extra}"
+        )
+        self.out = io.StringIO()
+        self.stop = threading.Event()
+        opts = {"timeout": 1.0, "backoff_min": 0.05, "poll": 0.02, **kw}
+        self.agent = Agent(
+            self.cfg,
+            Log("t1", self.out),
+            no_net=True,
+            state_dir=str(state_dir),
+            sleep=self.stop.wait,
+            stopped=self.stop.is_set,
+            **opts,
+        )
+        self.thread = threading.Thread(target=self.agent.run, daemon=True)
+        self.thread.start()
+
+    def lines(self) -> list[str]:
+        return self.out.getvalue().splitlines()
+
+    def wait_log(self, text: str, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in self.lines()):
+            assert time.monotonic() < deadline, (text, self.lines())
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        assert not self.thread.is_alive()
+
+
+@pytest.fixture
+def server():
+    srv = FakeServer()
+    yield srv
+    srv.close()
+
+
+@pytest.fixture
+def agents():
+    started: list[Running] = []
+    yield started
+    for a in started:
+        a.close()
+
+
+def test_hello_body(server, agents, tmp_path) -> None:
+    agents.append(Running(server.port, tmp_path))
+    hello = server.wait(1)[0]
+    assert hello.pop("path") == "/api/v1/agent/report"
+    assert set(hello) == {
+        "node", "token", "mac", "ip", "hostname", "boot_id", "seq", "event", "run_state",
+        "busy", "uptime", "timeline", "agent_version",
+    }  # fmt: skip
+    assert hello["node"] == "t1"
+    assert hello["token"] == "tok"
+    assert hello["mac"] == "52:54:00:12:34:56"
+    assert hello["ip"] == "127.0.0.1"
+    assert hello["hostname"] == socket.gethostname()
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        assert hello["boot_id"] == f.read().strip()
+    assert hello["seq"] == 1
+    assert hello["event"] == "hello"
+    assert hello["run_state"] == "ready"
+    assert hello["busy"] is False
+    assert isinstance(hello["uptime"], float) and hello["uptime"] > 0
+    tl = hello["timeline"]
+    assert set(tl) == {"agent_start", "nic_up", "ip_acquired", "hello"}
+    assert tl["nic_up"] is None and tl["ip_acquired"] is None  # no NIC handling in tests
+    assert tl["agent_start"] <= tl["hello"] <= hello["uptime"]
+    assert hello["agent_version"] == layerpy.__version__
+    agents[0].wait_log("hello accepted by http://127.0.0.1:")
+
+
+def test_heartbeat_from_response_is_honoured(server, agents, tmp_path) -> None:
+    # The command line says 5 s; the server says 0.2 s: several reports within a second.
+    agents.append(Running(server.port, tmp_path))
+    reports = server.wait(5, timeout=3.0)
+    assert [r["seq"] for r in reports[:5]] == [1, 2, 3, 4, 5]
+    assert [r["event"] for r in reports[:5]] == ["hello"] + ["heartbeat"] * 4
+    gaps = [b - a for a, b in zip(server.times[1:5], server.times[2:6], strict=False)]
+    assert all(0.15 < g < 0.6 for g in gaps), gaps
+    agents[0].wait_log("heartbeat is now 0.2 s (from server)")
+
+
+def test_heartbeat_slows_down_too(server, agents, tmp_path) -> None:
+    server.heartbeat = 30
+    agents.append(Running(server.port, tmp_path, "layerpy.heartbeat=0.1"))
+    server.wait(1)
+    time.sleep(0.5)
+    assert len(server.reports) == 1  # the next one is 30 s away
+
+
+def test_forbidden_then_accepted(server, agents, tmp_path) -> None:
+    server.status = 403
+    agents.append(Running(server.port, tmp_path, "layerpy.heartbeat=0.1"))
+    reports = server.wait(3)
+    assert all(r["event"] == "hello" for r in reports)  # not accepted yet: still hello
+    a = agents[0]
+    refused = [line for line in a.lines() if "refused our token" in line]
+    assert len(refused) == 1, a.lines()  # logged once, not per attempt
+    assert "HTTP 403" in refused[0]
+    server.status = 200
+    a.wait_log("hello accepted")
+    a.wait_log("server accepts reports again")
+    n = len(server.reports)
+    after = server.wait(n + 1)[-1]
+    assert after["event"] == "heartbeat"
+    assert after["seq"] == n + 1
+
+
+def test_server_errors_back_off(server, agents, tmp_path) -> None:
+    server.status = 503
+    agents.append(Running(server.port, tmp_path, backoff_min=0.1))
+    server.wait(3)
+    gaps = [b - a for a, b in zip(server.times, server.times[1:], strict=False)]
+    assert gaps[1] > gaps[0] * 1.5, gaps  # exponential: 0.1, 0.2, ...
+    assert sum("server unreachable since" in line for line in agents[0].lines()) == 1
+
+
+def test_server_down_and_back(agents, tmp_path) -> None:
+    srv = FakeServer()
+    port = srv.port
+    try:
+        a = Running(port, tmp_path)
+        agents.append(a)
+        srv.wait(2)
+    finally:
+        srv.close()
+    a.wait_log("server unreachable since uptime")
+    time.sleep(0.5)  # several failed attempts (0.05, 0.1, 0.2 s backoff)
+    assert sum("unreachable" in line for line in a.lines()) == 1, a.lines()
+    seq_before = a.agent.seq
+    assert seq_before >= 4
+    srv = FakeServer(port)
+    try:
+        a.wait_log("server reachable again after")
+        back = srv.wait(1)[0]
+        assert back["event"] == "heartbeat"
+        assert back["seq"] > seq_before - 1
+        assert "failed reports" in next(line for line in a.lines() if "again" in line)
+    finally:
+        srv.close()
+
+
+def test_change_is_reported_immediately(server, agents, tmp_path) -> None:
+    server.heartbeat = 30
+    a = Running(server.port, tmp_path)
+    agents.append(a)
+    server.wait(1)
+    real = a.agent.observe
+    a.agent.observe = lambda: {**real(), "ip": "10.99.0.77"}
+    t0 = time.monotonic()
+    change = server.wait(2)[1]
+    assert time.monotonic() - t0 < 1.0
+    assert change["event"] == "change"
+    assert change["ip"] == "10.99.0.77"
+    time.sleep(0.2)
+    assert len(server.reports) == 2  # reported once, then back to the 30 s heartbeat
+
+
+def test_restart_in_same_boot_continues(server, agents, tmp_path) -> None:
+    first = Running(server.port, tmp_path)
+    server.wait(2)
+    first.close()
+    seq = first.agent.seq
+    second = Running(server.port, tmp_path)
+    agents.append(second)
+    n = len(server.reports)
+    again = server.wait(n + 1)[n]
+    assert again["seq"] == seq + 1
+    assert again["event"] == "change"  # the server already had this boot's hello
+    assert again["timeline"]["hello"] == server.reports[0]["timeline"]["hello"]
+    second.wait_log("restarted in the same boot")
+
+
+def test_post_json_outcomes(server) -> None:
+    url = f"http://127.0.0.1:{server.port}/api/v1/agent/report"
+    ok = post_json(url, {"x": 1}, 1.0)
+    assert (ok.kind, ok.status, ok.body) == ("ok", 200, {"heartbeat": 0.2, "image": None})
+    server.status = 404
+    assert post_json(url, {}, 1.0).kind == "rejected"
+    server.status = 500
+    assert post_json(url, {}, 1.0).kind == "unreachable"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    down = post_json(f"http://127.0.0.1:{free}/", {}, 1.0)
+    assert down.kind == "unreachable" and "refused" in down.detail.lower()

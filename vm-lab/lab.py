@@ -1,0 +1,335 @@
+"""A QEMU network-boot lab inside a throw-away network namespace.
+
+Everything lives in one namespace named ``lplab-<pid>-<n>``: a bridge carrying the server
+address, one tap per VM, the QEMU processes, the RA responder and whatever the caller starts
+with ``popen``. Nothing is sent from the default namespace. Teardown kills only the PIDs
+started here (and anything left inside the lab's own namespace), then deletes the namespace;
+it runs on ``close``, on leaving the ``with`` block, at exit and on SIGTERM.
+
+Importable (``sys.path.insert(0, "vm-lab"); import lab``) and a CLI (``lab.py --help``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import itertools
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
+OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
+FIRMWARES = ("bios", "uefi", "uefi-pxe")
+ANSI = re.compile(rb"\x1b\[[0-9;?=]*[A-Za-z]|\x1b[()][A-Z0-9]")
+SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes with the NUL
+
+_counter = itertools.count()
+_open_labs: set[Lab] = set()
+
+
+@dataclass
+class VmSpec:
+    name: str
+    mac: str
+    firmware: str = "bios"
+    memory_mb: int = 256
+
+    def __post_init__(self) -> None:
+        if self.firmware not in FIRMWARES:
+            raise ValueError(f"{self.name}: firmware {self.firmware!r} not in {FIRMWARES}")
+        if not re.fullmatch(r"[A-Za-z0-9_]{1,11}", self.name):  # tap-<name> fits IFNAMSIZ
+            raise ValueError(f"VM name {self.name!r}: 1-11 letters, digits or _")
+
+    @property
+    def tap(self) -> str:
+        return f"tap-{self.name}"
+
+    @classmethod
+    def parse(cls, text: str) -> VmSpec:
+        """``name:aa:bb:cc:dd:ee:ff[:firmware]``, as the CLI takes it."""
+        name, *rest = text.split(":")
+        if len(rest) not in (6, 7):
+            raise ValueError(f"{text!r}: expected name:mac[:firmware]")
+        return cls(name, ":".join(rest[:6]), *rest[6:])
+
+
+def qemu_command(spec: VmSpec, run_dir: Path) -> list[str]:
+    """The QEMU command line for one VM (see README.md for why each flag is there).
+
+    The NIC keeps QEMU's default ROM, efi-virtio.rom (iPXE, legacy and EFI images): QEMU
+    patches the PCI device ID only into a default ROM, so naming any iPXE ROM explicitly
+    leaves its ID 1af4:1041 on a 1af4:1000 device and SeaBIOS silently skips it.
+    No ``-no-reboot``: it turns every reset, including QMP ``system_reset``, into an exit.
+    ``reboot-timeout`` instead makes SeaBIOS retry a failed netboot after 1 s, forever.
+    """
+    run_dir = run_dir.resolve()
+    nic = f"virtio-net-pci,netdev=net0,mac={spec.mac},bootindex=1"
+    if spec.firmware == "uefi-pxe":
+        nic += ",romfile="  # no iPXE ROM: OVMF's own VirtioNetDxe + PXE
+    cmd = [
+        "qemu-system-x86_64",
+        *("-name", spec.name, "-machine", "pc", "-accel", "tcg", "-m", str(spec.memory_mb)),
+        *("-nodefaults", "-display", "none", "-vga", "none", "-monitor", "none"),
+        *("-serial", f"file:{run_dir / f'{spec.name}.serial.log'}"),
+        *("-qmp", f"unix:{run_dir / f'{spec.name}.qmp'},server=on,wait=off"),
+        *("-netdev", f"tap,id=net0,ifname={spec.tap},script=no,downscript=no", "-device", nic),
+        *("-boot", "order=n,reboot-timeout=1000"),
+    ]
+    if spec.firmware == "bios":
+        cmd += ["-fw_cfg", f"name=etc/sercon-port,file={run_dir / 'sercon-port'}"]
+    else:
+        vars_copy = run_dir / f"{spec.name}.vars.fd"
+        cmd += ["-drive", f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}"]
+        cmd += ["-drive", f"if=pflash,format=raw,unit=1,file={vars_copy}"]
+    return cmd
+
+
+def terminate(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
+    """SIGTERM each process group, then SIGKILL what is left after `grace` seconds."""
+    for proc in procs:
+        if proc.poll() is None:
+            _signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait()
+
+
+def _signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
+    try:
+        os.killpg(proc.pid, sig)  # every child is a session leader: pgid == pid
+    except ProcessLookupError:
+        pass
+
+
+def wait_file(path: Path, pattern: str, timeout: float, start: int = 0, alive=None) -> bool:
+    """Poll `path` from byte `start` until regex `pattern` matches (ANSI escapes removed).
+
+    Gives up early once ``alive()`` turns false and the file has nothing new to offer.
+    """
+    regex = re.compile(pattern.encode())
+    deadline = time.monotonic() + timeout
+    while True:
+        running = alive is None or alive()
+        try:
+            with path.open("rb") as f:
+                f.seek(start)
+                if regex.search(ANSI.sub(b"", f.read())):
+                    return True
+        except FileNotFoundError:
+            pass
+        if not running or time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+class QmpError(RuntimeError):
+    """QEMU answered a QMP command with an error."""
+
+
+class Vm:
+    """One QEMU process in the lab, with its serial log and QMP socket."""
+
+    def __init__(self, spec: VmSpec, proc: subprocess.Popen, run_dir: Path) -> None:
+        self.spec = spec
+        self.proc = proc
+        self.pid = proc.pid
+        self.serial_log = run_dir / f"{spec.name}.serial.log"
+        self.qmp_path = run_dir / f"{spec.name}.qmp"
+        self.mark = 0  # wait_serial searches from here; reset() moves it to the log's end
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def qmp(self, command: str, **arguments: Any) -> Any:
+        """Run one QMP command on a fresh connection and return its ``return`` value."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(10)
+            sock.connect(str(self.qmp_path))
+            stream = sock.makefile("rwb")
+            json.loads(stream.readline())  # greeting
+            for name, args in (("qmp_capabilities", {}), (command, arguments)):
+                stream.write(json.dumps({"execute": name, "arguments": args}).encode() + b"\n")
+                stream.flush()
+                while True:  # skip asynchronous events
+                    reply = json.loads(stream.readline() or b'{"error": {"desc": "EOF"}}')
+                    if "return" in reply or "error" in reply:
+                        break
+                if "error" in reply:
+                    raise QmpError(f"{self.spec.name}: {name}: {reply['error']['desc']}")
+        return reply["return"]
+
+    def reset(self) -> None:
+        """A hard reboot (QMP system_reset); later wait_serial calls see only the new boot."""
+        self.mark = self.serial_log.stat().st_size
+        self.qmp("system_reset")
+
+    def stop(self) -> None:
+        self.qmp("stop")
+
+    def cont(self) -> None:
+        self.qmp("cont")
+
+    def kill(self) -> None:
+        terminate([self.proc])
+
+    def wait_serial(self, pattern: str, timeout: float) -> bool:
+        """True once regex `pattern` appears on the serial console since ``self.mark``."""
+        return wait_file(self.serial_log, pattern, timeout, self.mark, self.alive)
+
+
+class Lab:
+    """A namespace with a bridge, taps, VMs and tracked helper processes."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        subnet_address: str = "10.99.0.1/24",
+        bridge: str = "br0",
+        ra: bool = True,
+    ) -> None:
+        self.run_dir = Path(run_dir).resolve()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if len(str(self.run_dir / f"{'x' * 11}.qmp")) > SUN_PATH_MAX:
+            raise ValueError(f"run_dir too long for a QMP unix socket path: {self.run_dir}")
+        self.bridge = bridge
+        self.netns = f"lplab-{os.getpid()}-{next(_counter)}"
+        self.vms: dict[str, Vm] = {}
+        self.procs: list[subprocess.Popen] = []
+        (self.run_dir / "sercon-port").write_bytes(b"\xf8\x03")  # COM1 0x3f8, little endian
+        _sh("ip", "netns", "add", self.netns)
+        _open_labs.add(self)
+        _exit_on_sigterm()
+        try:
+            self._network(subnet_address)
+            if ra:
+                ra_cmd = [sys.executable, str(HERE / "ra.py"), bridge]
+                self.popen(ra_cmd, log=self.run_dir / "ra.log")
+        except BaseException:
+            self.close()
+            raise
+
+    def _network(self, subnet_address: str) -> None:
+        """lo, and a quiet bridge: no STP, no forward delay, LLDP forwarded, IPv6 link-local.
+
+        fe80::1 is added without DAD so the RA responder has a source address even before
+        any tap brings the bridge's carrier up.
+        """
+        br = self.bridge
+        self.run(["ip", "link", "set", "lo", "up"])
+        self.run(
+            ["ip", "link", "add", br, "type", "bridge", "stp_state", "0", "forward_delay", "0"]
+            + ["group_fwd_mask", "0x4000", "mcast_snooping", "0"]
+        )
+        self.run(["sysctl", "-qw", f"net.ipv6.conf.{br}.disable_ipv6=0"])
+        self.run(["sysctl", "-qw", f"net.ipv6.conf.{br}.accept_ra=0"])
+        self.run(["ip", "addr", "add", subnet_address, "dev", br])
+        self.run(["ip", "addr", "add", "fe80::1/64", "dev", br, "nodad"])
+        self.run(["ip", "link", "set", br, "up"])
+
+    def cmd(self, cmd: list[str]) -> list[str]:
+        """`cmd` wrapped to run inside the namespace (``ip netns exec`` execs, keeping the PID)."""
+        return ["ip", "netns", "exec", self.netns, *cmd]
+
+    def run(self, cmd: list[str], **kw: Any) -> subprocess.CompletedProcess:
+        """Run one command inside the namespace; checked and captured unless told otherwise."""
+        kw = {"check": True, "capture_output": True, "text": True, "timeout": 60} | kw
+        return subprocess.run(self.cmd(cmd), **kw)
+
+    def popen(self, cmd: list[str], log: Path | None = None, **kw: Any) -> subprocess.Popen:
+        """Start a tracked process inside the namespace, output to `log` if given."""
+        if log is None:
+            return self._track(subprocess.Popen(self.cmd(cmd), start_new_session=True, **kw))
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                self.cmd(cmd), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                start_new_session=True, **kw,
+            )  # fmt: skip
+        return self._track(proc)
+
+    def _track(self, proc: subprocess.Popen) -> subprocess.Popen:
+        self.procs.append(proc)
+        return proc
+
+    def add_vm(self, spec: VmSpec) -> Vm:
+        """Start a VM on its own tap; the tap and UEFI VARS survive a kill and re-add."""
+        if spec.name in self.vms and self.vms[spec.name].alive():
+            raise ValueError(f"{spec.name} is already running")
+        if self.run(["ip", "link", "show", spec.tap], check=False).returncode:
+            self.run(["ip", "tuntap", "add", "dev", spec.tap, "mode", "tap"])
+            self.run(["ip", "link", "set", spec.tap, "master", self.bridge, "up"])
+        if spec.firmware != "bios" and not (self.run_dir / f"{spec.name}.vars.fd").exists():
+            shutil.copyfile(OVMF_VARS, self.run_dir / f"{spec.name}.vars.fd")
+        qmp_path = self.run_dir / f"{spec.name}.qmp"
+        qmp_path.unlink(missing_ok=True)
+        proc = self.popen(
+            qemu_command(spec, self.run_dir), log=self.run_dir / f"{spec.name}.qemu.log"
+        )
+        vm = self.vms[spec.name] = Vm(spec, proc, self.run_dir)
+        deadline = time.monotonic() + 30
+        while not qmp_path.exists():
+            if not vm.alive() or time.monotonic() > deadline:
+                log = (self.run_dir / f"{spec.name}.qemu.log").read_text(errors="replace")
+                raise RuntimeError(f"{spec.name}: QEMU did not come up:\n{log[-2000:]}")
+            time.sleep(0.05)
+        return vm
+
+    def close(self) -> None:
+        """Kill what the lab started, sweep its namespace, delete it. Idempotent."""
+        if self not in _open_labs:
+            return
+        terminate(self.procs)
+        leftovers = _sh("ip", "netns", "pids", self.netns, check=False).stdout.split()
+        for pid in leftovers:  # only processes inside the lab's own namespace
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _sh("ip", "netns", "del", self.netns, check=False)
+        _open_labs.discard(self)
+
+    def __enter__(self) -> Lab:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=check, capture_output=True, text=True, timeout=60)
+
+
+def _close_all() -> None:
+    for lab in list(_open_labs):
+        lab.close()
+
+
+def _exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit so ``with`` blocks, finally and atexit tear labs down.
+
+    Only when nobody else handles SIGTERM and only from the main thread (signal's rule).
+    SIGINT already raises KeyboardInterrupt.
+    """
+    if threading.current_thread() is threading.main_thread() and (
+        signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    ):
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
+atexit.register(_close_all)
