@@ -12,7 +12,7 @@
 # the stamp of the last build, it prints "up to date" and exits. Reproducible: sorted cpio
 # entries, mtimes from SOURCE_DATE_EPOCH, owner 0:0, gzip -n / zstd, hash-based .pyc.
 #
-# Environment: LAYERPY_CACHE (default /var/cache/layerpy: debs/ and the work tree),
+# Environment: LAYERPY_CACHE (default /var/cache/layerpy: debs/ and minos-build/),
 # SOURCE_DATE_EPOCH (default 1704067200), LAYERPY_KERNEL_PKG (default: what
 # linux-image-cloud-amd64 depends on), LAYERPY_MINOS_MODULES (extra module names).
 set -euo pipefail
@@ -24,7 +24,7 @@ REPO=$(dirname "$HERE")
 SRC=$REPO/src/layerpy
 CACHE=${LAYERPY_CACHE:-/var/cache/layerpy}
 DEBS=$CACHE/debs
-WORK=$CACHE/work
+WORK=$CACHE/minos-build # scratch: wiped at the start of every build
 OUT=$HERE/out
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-1704067200}
 
@@ -34,6 +34,7 @@ MODULES="virtio_pci virtio_net overlay squashfs loop ${LAYERPY_MINOS_MODULES:-}"
 PACKAGES="busybox-static python3.11-minimal libpython3.11-minimal libpython3.11-stdlib
 libc6 zlib1g libexpat1"
 
+ARGS=("$@")
 FORCE=0
 COMPRESS=auto
 while [ $# -gt 0 ]; do
@@ -50,6 +51,7 @@ case "$COMPRESS" in auto | gzip | zstd) ;; *) echo "build.sh: --compress auto|gz
 
 log() { echo "minos: $*" >&2; }
 die() { echo "minos: error: $*" >&2; exit 1; }
+case "$CACHE" in /*) ;; *) die "LAYERPY_CACHE must be an absolute path" ;; esac
 [ "$(id -u)" = 0 ] || die "run as root (device nodes, chroot check, apt-get download)"
 for tool in apt-get apt-cache dpkg-deb cpio gzip depmod modprobe sha256sum chroot; do
     command -v "$tool" >/dev/null || die "$tool is missing"
@@ -121,8 +123,13 @@ while read -r file sha; do
 done <<<"$DEBLIST"
 if [ ${#need[@]} -gt 0 ]; then
     log "downloading ${need[*]}"
-    (cd "$DEBS" && apt_retry apt-get download -q -o APT::Sandbox::User=root "${need[@]}" >&2) ||
-        die "apt-get download failed"
+    if ! (cd "$DEBS" && apt-get download -q -o APT::Sandbox::User=root "${need[@]}" >&2); then
+        # Stale lists name versions the mirror no longer has: refresh and start over.
+        [ -z "${LAYERPY_MINOS_UPDATED:-}" ] || die "apt-get download failed"
+        log "download failed; running apt-get update and starting over"
+        apt-get update -qq >&2
+        LAYERPY_MINOS_UPDATED=1 exec bash "$0" "${ARGS[@]}"
+    fi
 fi
 while read -r file sha; do
     [ "$(sha256sum <"$DEBS/$file" | cut -c1-64)" = "$sha" ] || die "$file: sha256 mismatch"

@@ -286,9 +286,9 @@ def test_forbidden_then_accepted(server, agents, tmp_path) -> None:
 def test_server_errors_back_off(server, agents, tmp_path) -> None:
     server.status = 503
     agents.append(Running(server.port, tmp_path, backoff_min=0.1))
-    server.wait(3)
+    server.wait(4)
     gaps = [b - a for a, b in zip(server.times, server.times[1:], strict=False)]
-    assert gaps[1] > gaps[0] * 1.5, gaps  # exponential: 0.1, 0.2, ...
+    assert gaps[2] > 0.3 and gaps[2] > gaps[0] * 2, gaps  # exponential: 0.1, 0.2, 0.4, ...
     assert sum("server unreachable since" in line for line in agents[0].lines()) == 1
 
 
@@ -311,7 +311,7 @@ def test_server_down_and_back(agents, tmp_path) -> None:
         a.wait_log("server reachable again after")
         back = srv.wait(1)[0]
         assert back["event"] == "heartbeat"
-        assert back["seq"] > seq_before - 1
+        assert back["seq"] >= seq_before
         assert "failed reports" in next(line for line in a.lines() if "again" in line)
     finally:
         srv.close()
@@ -338,9 +338,9 @@ def test_restart_in_same_boot_continues(server, agents, tmp_path) -> None:
     server.wait(2)
     first.close()
     seq = first.agent.seq
+    n = len(server.reports)
     second = Running(server.port, tmp_path)
     agents.append(second)
-    n = len(server.reports)
     again = server.wait(n + 1)[n]
     assert again["seq"] == seq + 1
     assert again["event"] == "change"  # the server already had this boot's hello
