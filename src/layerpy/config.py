@@ -19,6 +19,9 @@ from typing import Any
 from layerpy import hostlist
 
 DHCP_MODES = ("authoritative", "off")
+POWER_STATES = ("on", "off")
+POWER_DRIVERS = ("ipmi", "redfish", "qemu", "none")
+BMC_KEYS = {"driver", "address", "user", "password_file", "password_env", "verify_tls", "port"}
 _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
@@ -89,11 +92,26 @@ class IpxeConfig:
 
 
 @dataclass(frozen=True)
+class BmcConfig:
+    """How to reach a node's power control; the password is read from a file or the
+    environment at load time and never printed."""
+
+    driver: str
+    address: str | None = None
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    verify_tls: bool = True
+    port: int | None = None
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     name: str
     ip: IPv4Address
     mac: str | None = None
     group: str | None = None
+    power: str = "on"
+    bmc: BmcConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -335,14 +353,18 @@ class _Reader:
         if not isinstance(table, dict):
             self.problem(prefix, f"must be a table, not {_kind(table)}")
             return
-        for unknown in sorted(set(table) - {"nodes", "ip", "mac"}):
-            self.problem(f"{prefix}.{unknown}", "unknown key (known keys: ip, mac, nodes)")
+        for unknown in sorted(set(table) - {"nodes", "ip", "mac", "power", "bmc"}):
+            self.problem(
+                f"{prefix}.{unknown}", "unknown key (known keys: bmc, ip, mac, nodes, power)"
+            )
         get = self._getter(table, prefix)
         names = get("nodes", str, hostlist.expand, required=True)
         ips = get("ip", str, _ipv4_range, required=True)
         macs = get("mac", (list, str), _mac_list)
+        power = get("power", str, _choice(POWER_STATES), default="on")
         if names is None or ips is None:
             return
+        bmcs = self.bmcs(table.get("bmc"), f"{prefix}.bmc", names)
         for key, values in (("ip", ips), ("mac", macs)):
             if values is not None and len(values) != len(names):
                 self.problem(
@@ -355,7 +377,9 @@ class _Reader:
             if not _NAME.match(node_name):
                 self.problem(f"{prefix}.nodes", f"{node_name!r} is not a valid host name")
                 continue
-            yield NodeConfig(node_name, ips[index], macs[index] if macs else None, name)
+            mac = macs[index] if macs else None
+            bmc = bmcs[index] if bmcs else None
+            yield NodeConfig(node_name, ips[index], mac, name, power or "on", bmc)
 
     def override(self, name: str, table: Any, base: NodeConfig | None) -> NodeConfig | None:
         prefix = f"nodes.{name}"
@@ -365,14 +389,85 @@ class _Reader:
         if not _NAME.match(name):
             self.problem(prefix, f"{name!r} is not a valid host name")
             return None
-        for unknown in sorted(set(table) - {"ip", "mac"}):
-            self.problem(f"{prefix}.{unknown}", "unknown key (known keys: ip, mac)")
+        for unknown in sorted(set(table) - {"ip", "mac", "power", "bmc"}):
+            self.problem(f"{prefix}.{unknown}", "unknown key (known keys: bmc, ip, mac, power)")
         get = self._getter(table, prefix)
         ip = get("ip", str, _ipv4, required=base is None)
         mac = get("mac", str, _mac)
+        power = get("power", str, _choice(POWER_STATES))
+        bmcs = self.bmcs(table.get("bmc"), f"{prefix}.bmc", [name])
+        bmc = bmcs[0] if bmcs else None
         if base is None:
-            return NodeConfig(name, ip, mac) if ip else None
-        return NodeConfig(name, ip or base.ip, mac or base.mac, base.group)
+            return NodeConfig(name, ip, mac, None, power or "on", bmc) if ip else None
+        return NodeConfig(
+            name, ip or base.ip, mac or base.mac, base.group, power or base.power, bmc or base.bmc
+        )
+
+    def bmcs(self, table: Any, prefix: str, names: list[str]) -> list[BmcConfig] | None:
+        """One power spec per node; ``address`` is a hostlist matching the nodes, one
+        address for all, or a template with ``{node}`` (e.g. a QMP socket path)."""
+        if table is None:
+            return None
+        if not isinstance(table, dict):
+            self.problem(prefix, f"must be a table, not {_kind(table)}")
+            return None
+        for unknown in sorted(set(table) - BMC_KEYS):
+            self.problem(
+                f"{prefix}.{unknown}", f"unknown key (known keys: {', '.join(sorted(BMC_KEYS))})"
+            )
+        get = self._getter(table, prefix)
+        driver = get("driver", str, _choice(POWER_DRIVERS), required=True)
+        address = get("address", str)
+        password = self.password(table, prefix)
+        if driver is None:
+            return None
+        if address is None and driver != "none":
+            self.problem(f"{prefix}.address", f"is required for driver {driver!r}")
+            return None
+        if address is None or "{node}" in address:
+            addresses = [address.format(node=n) if address else None for n in names]
+        else:
+            try:
+                addresses = hostlist.expand(address)
+            except hostlist.HostlistError as error:
+                self.problem(f"{prefix}.address", str(error))
+                return None
+            if len(addresses) == 1:
+                addresses *= len(names)
+            if len(addresses) != len(names):
+                self.problem(
+                    f"{prefix}.address",
+                    f"has {len(addresses)} entries for {len(names)} nodes; ranges must have "
+                    "the same length",
+                )
+                return None
+        common = {
+            "driver": driver,
+            "user": get("user", str),
+            "password": password,
+            "verify_tls": get("verify_tls", bool, default=True),
+            "port": get("port", int, _port),
+        }
+        return [BmcConfig(address=address, **common) for address in addresses]
+
+    def password(self, table: dict[str, Any], prefix: str) -> str | None:
+        get = self._getter(table, prefix)
+        path = get("password_file", str, self.path)
+        variable = get("password_env", str)
+        if path and variable:
+            self.problem(prefix, "give password_file or password_env, not both")
+        if path is not None:
+            try:
+                return path.read_text().strip()
+            except OSError as error:
+                self.problem(f"{prefix}.password_file", f"cannot read {path}: {error.strerror}")
+        if variable is not None:
+            if variable not in os.environ:
+                self.problem(
+                    f"{prefix}.password_env", f"environment variable {variable} is not set"
+                )
+            return os.environ.get(variable)
+        return None
 
     def _add(
         self, nodes: dict[str, NodeConfig], origin: dict[str, str], node: NodeConfig, key: str

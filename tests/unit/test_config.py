@@ -199,3 +199,57 @@ def test_every_problem_is_reported_at_once(write) -> None:
 def test_unreadable_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read the file: No such file or directory"):
         load(tmp_path / "absent.toml")
+
+
+POWERED = VALID.replace(
+    'mac = ["52:54:00:99:00:11", "52:54:00:99:00:12", "52:54:00:99:00:13"]\n',
+    'mac = ["52:54:00:99:00:11", "52:54:00:99:00:12", "52:54:00:99:00:13"]\n'
+    'bmc = { driver = "ipmi", address = "10.99.1.[11-13]", user = "admin", password_file = "bmc.pass" }\n',
+).replace('[nodes.cn003]\nip = "10.99.0.23"', '[nodes.cn003]\nip = "10.99.0.23"\npower = "off"')
+
+
+def test_power_and_bmc(write) -> None:
+    path = write(POWERED + 'bmc = { driver = "qemu", address = "/run/lab/{node}.qmp" }\n')
+    (path.parent / "bmc.pass").write_text("s3cret\n")
+    config = load(path)
+    cn001, cn003, login = (config.nodes[n] for n in ("cn001", "cn003", "login"))
+    assert (cn001.power, cn003.power, login.power) == ("on", "off", "on")
+    assert (cn001.bmc.driver, cn001.bmc.address, cn001.bmc.user) == ("ipmi", "10.99.1.11", "admin")
+    assert cn001.bmc.password == "s3cret" and "s3cret" not in repr(cn001)
+    assert (login.bmc.driver, login.bmc.address) == ("qemu", "/run/lab/login.qmp")
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            ('address = "10.99.1.[11-13]"', 'address = "10.99.1.[11-12]"'),
+            "nodes.toml:25: groups.compute.bmc.address: has 2 entries for 3 nodes; ranges must have the same length",
+        ),
+        (
+            ('driver = "ipmi"', 'driver = "ipmi2"'),
+            "nodes.toml:25: groups.compute.bmc.driver: 'ipmi2' is not one of: ipmi, redfish, qemu, none",
+        ),
+        (
+            ('password_file = "bmc.pass"', 'password_file = "absent.pass"'),
+            "nodes.toml:25: groups.compute.bmc.password_file: cannot read {dir}/absent.pass: No such file or directory",
+        ),
+        (
+            ('password_file = "bmc.pass"', 'password_env = "LAYERPY_TEST_UNSET"'),
+            "nodes.toml:25: groups.compute.bmc.password_env: environment variable LAYERPY_TEST_UNSET is not set",
+        ),
+        (
+            ('power = "off"', 'power = "of"'),
+            "nodes.toml:29: nodes.cn003.power: 'of' is not one of: on, off",
+        ),
+    ],
+)
+def test_broken_power(write, change, expected) -> None:
+    path = write(POWERED.replace(*change))
+    (path.parent / "bmc.pass").write_text("s3cret\n")
+    with pytest.raises(ConfigError) as raised:
+        load(path)
+    assert raised.value.render().replace(str(path), "nodes.toml").splitlines() == [
+        expected.format(dir=path.parent)
+    ]
+    assert "s3cret" not in raised.value.render()
