@@ -33,9 +33,13 @@ def firmware_of(request: DhcpPacket) -> str:
 
 
 class BootPolicy:
-    def __init__(self, config: Config, inventory: Inventory) -> None:
-        self.config = config
+    def __init__(self, inventory: Inventory) -> None:
         self.inventory = inventory
+
+    @property
+    def config(self) -> Config:
+        """Always the node file in force (it changes on reload)."""
+        return self.inventory.config
 
     @property
     def base_url(self) -> str:

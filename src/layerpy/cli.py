@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import sys
+import tomllib
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -57,16 +57,13 @@ def serve(config_path: Path, debug: bool, state_dir: Path | None) -> None:
     from layerpy.server import serve as run_server
 
     config = _load_or_exit(config_path)
-    if state_dir is not None:
-        server = dataclasses.replace(config.server, state_dir=state_dir)
-        config = dataclasses.replace(config, server=server)
     logging.basicConfig(
         level=logging.DEBUG if debug or config.server.log_requests else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
     try:
-        asyncio.run(run_server(config))
+        asyncio.run(run_server(config, state_dir=state_dir))
     except OSError as error:
         click.echo(f"layerpy serve: {error}", err=True)
         sys.exit(1)
@@ -98,7 +95,7 @@ def check(config_path: Path) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
 def status(config_path: Path | None, server_url: str | None, as_json: bool) -> None:
     """Show every node's run state and the timeline of its current boot."""
-    nodes = _api_get(_server_url(config_path, server_url), "/api/v1/nodes")
+    nodes = _api(_server_url(config_path, server_url), "/api/v1/nodes")
     if as_json:
         click.echo(json.dumps(nodes, indent=2))
         return
@@ -116,19 +113,46 @@ def status(config_path: Path | None, server_url: str | None, as_json: bool) -> N
     console.print(table)
 
 
+@main.command()
+@CONFIG_OPTION
+def reload(config_path: Path) -> None:
+    """Make the running server re-read its node file (all of it applies, or none of it)."""
+    answer = _api(_server_url(config_path, None), "/api/v1/reload", method="POST")
+    if "problems" in answer:
+        click.echo("\n".join(answer["problems"]), err=True)
+        click.echo("reload refused; the running configuration stays in force", err=True)
+        sys.exit(2)
+    for key in ("added", "removed", "changed"):
+        click.echo(f"{key:8} {', '.join(answer[key]) or '-'}")
+
+
 def _server_url(config_path: Path | None, server_url: str | None) -> str:
+    """Where the running server answers: only its port is read from the node file, so
+    a broken file can still be reloaded (and refused by the server)."""
     if server_url:
         return server_url.rstrip("/")
     if config_path is None:
         raise click.UsageError("give the node file (-c) or --server URL")
-    config = _load_or_exit(config_path)
-    return f"http://127.0.0.1:{config.server.http_port}"
-
-
-def _api_get(base: str, path: str) -> Any:
     try:
-        with urllib.request.urlopen(base + path, timeout=10) as response:
+        port = tomllib.loads(config_path.read_text()).get("server", {}).get("http_port", 8080)
+    except (OSError, tomllib.TOMLDecodeError, AttributeError):
+        port = 8080
+    return f"http://127.0.0.1:{port}"
+
+
+def _api(base: str, path: str, method: str = "GET", body: Any = None) -> Any:
+    """Call the running server; a JSON error answer is returned like a success."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(base + path, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
             return json.load(response)
+    except urllib.error.HTTPError as error:
+        if error.headers.get_content_type() == "application/json":
+            return json.load(error)
+        click.echo(f"{base}{path}: {error.code} {error.read().decode(errors='replace')}", err=True)
+        sys.exit(1)
     except (urllib.error.URLError, OSError) as error:
         click.echo(f"cannot reach the layerpy server at {base}: {error}", err=True)
         sys.exit(1)

@@ -50,6 +50,14 @@ class ConfigError(Exception):
         return "\n".join(lines)
 
 
+class ReloadRefused(Exception):
+    """A new node file was not applied (the old one stays in force); ``problems`` says why."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     address: IPv4Address

@@ -65,9 +65,31 @@ class Inventory:
 
     def __post_init__(self) -> None:
         self.nodes = {name: Node(cfg) for name, cfg in self.config.nodes.items()}
+        self._index()
+        self._load_tokens()
+
+    def _index(self) -> None:
         self._by_mac = {n.config.mac: n for n in self.nodes.values() if n.config.mac}
         self._by_ip = {n.config.ip: n for n in self.nodes.values()}
-        self._load_tokens()
+
+    def apply(self, config: Config) -> tuple[set[str], set[str], set[str]]:
+        """Take a new, already validated node file; observed state of kept nodes stays.
+
+        Returns the names added, removed and changed."""
+        old = self.nodes
+        added = set(config.nodes) - set(old)
+        removed = set(old) - set(config.nodes)
+        changed = {n for n in set(old) & set(config.nodes) if old[n].config != config.nodes[n]}
+        self.nodes = {}
+        for name, node_config in config.nodes.items():
+            node = old.get(name) or Node(node_config)
+            node.config = node_config
+            self.nodes[name] = node
+        self.config = config
+        self._index()
+        for mac in [mac for mac in self.unknown if mac in self._by_mac]:
+            del self.unknown[mac]
+        return added, removed, changed
 
     # -- lookups -----------------------------------------------------------------------
 

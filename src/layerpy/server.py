@@ -6,11 +6,13 @@ import asyncio
 import contextlib
 import logging
 import signal
+from dataclasses import replace
+from pathlib import Path
 
 from aiohttp import web
 
 from layerpy.boot import BootPolicy
-from layerpy.config import Config
+from layerpy.config import Config, ConfigError, ReloadRefused, load
 from layerpy.inventory import Inventory
 from layerpy.services.dhcp import start_dhcp
 from layerpy.services.http import build_app
@@ -21,17 +23,46 @@ log = logging.getLogger("layerpy.server")
 
 
 class Server:
-    def __init__(self, config: Config) -> None:
-        self.config = config
+    def __init__(self, config: Config, *, state_dir: Path | None = None) -> None:
+        self.state_dir = state_dir
+        config = self._with_overrides(config)
         self.stats = Stats()
         self.inventory = Inventory(config)
-        self.policy = BootPolicy(config, self.inventory)
+        self.policy = BootPolicy(self.inventory)
         self._closers: list[object] = []
         self._runner: web.AppRunner | None = None
 
+    @property
+    def config(self) -> Config:
+        return self.inventory.config
+
+    def _with_overrides(self, config: Config) -> Config:
+        if self.state_dir is None:
+            return config
+        return replace(config, server=replace(config.server, state_dir=self.state_dir))
+
+    def reload(self) -> dict[str, list[str]]:
+        """Re-read the node file and apply it whole, or refuse it whole."""
+        try:
+            config = self._with_overrides(load(self.config.path))
+        except ConfigError as error:
+            problems = error.render().splitlines()
+            log.error("reload refused, the running configuration stays: %s", "; ".join(problems))
+            raise ReloadRefused(problems) from None
+        if config.server != self.config.server:
+            problem = f"{config.path}: [server] changed; restart layerpy serve to apply it"
+            log.error("reload refused, the running configuration stays: %s", problem)
+            raise ReloadRefused([problem])
+        added, removed, changed = self.inventory.apply(config)
+        log.info(
+            "reloaded %s: %d nodes, added %s, removed %s, changed %s", config.path,
+            len(config.nodes), _names(added), _names(removed), _names(changed),
+        )  # fmt: skip
+        return {"added": sorted(added), "removed": sorted(removed), "changed": sorted(changed)}
+
     async def start(self) -> None:
         server = self.config.server
-        app = build_app(self.policy, self.stats, log_requests=server.log_requests)
+        app = build_app(self.policy, self.stats, self.reload, log_requests=server.log_requests)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         for host in dict.fromkeys((str(server.address), "127.0.0.1")):
@@ -80,13 +111,23 @@ class Server:
             await self._runner.cleanup()
 
 
-async def serve(config: Config) -> None:
-    """Run until SIGINT or SIGTERM."""
-    server = Server(config)
+def _names(names: set[str]) -> str:
+    return ",".join(sorted(names)) or "-"
+
+
+async def serve(config: Config, *, state_dir: Path | None = None) -> None:
+    """Run until SIGINT or SIGTERM; SIGHUP reloads the node file."""
+    server = Server(config, state_dir=state_dir)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+
+    def reload_on_signal() -> None:
+        with contextlib.suppress(ReloadRefused):  # already logged, the old file stays
+            server.reload()
+
+    loop.add_signal_handler(signal.SIGHUP, reload_on_signal)
     await server.start()
     log.info("serving %d nodes from %s", len(config.nodes), config.path)
     watcher = asyncio.create_task(server.watch())

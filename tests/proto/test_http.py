@@ -114,3 +114,25 @@ def test_bad_reports_are_refused_and_counted(host: Netns) -> None:
     assert "layerpy_failures_total" in curl(host, f"{BASE}/metrics")[1]
     nodes = json.loads(curl(host, f"{BASE}/api/v1/nodes")[1])
     assert [n["run_state"] for n in nodes] == ["booting", "unknown"]
+
+
+def test_reload_applies_whole_files_and_refuses_broken_ones(host: Netns, make_config) -> None:
+    config = make_config(server="10.66.0.1", interface="d0")
+    good = config.path.read_text()
+    config.path.write_text(
+        good.replace('nodes = "cn[001-002]"', 'nodes = "cn[001-002]"\npower = "off"')
+        + '\n[nodes.cn005]\nip = "10.66.0.15"\n'
+    )
+    result = host.run(str(LAYERPY), "reload", "-c", str(config.path))
+    assert result.stdout.split("\n")[:3] == [
+        "added    cn005",
+        "removed  -",
+        "changed  cn001, cn002",
+    ]
+    config.path.write_text(good.replace('nodes = "cn[001-002]"', 'nodes = "cn[001-003]"'))
+    result = host.run(str(LAYERPY), "reload", "-c", str(config.path), check=False)
+    assert result.returncode == 2
+    assert "groups.compute.ip: has 2 entries for 3 nodes" in result.stderr
+    assert "running configuration stays in force" in result.stderr
+    nodes = json.loads(curl(host, f"{BASE}/api/v1/nodes")[1])
+    assert [n["name"] for n in nodes] == ["cn001", "cn002", "cn005"]

@@ -39,7 +39,7 @@ IPXE = {
 @pytest.fixture
 def service(make_config) -> DhcpService:
     config = make_config()
-    policy = BootPolicy(config, Inventory(config))
+    policy = BootPolicy(Inventory(config))
     return DhcpService(policy, SERVER, Stats(), log_requests=False)
 
 

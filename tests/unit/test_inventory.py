@@ -156,3 +156,17 @@ def test_unknown_machine_is_listed_once(inventory: Inventory) -> None:
     inventory.saw_unknown("52:54:00:00:00:99", "bios", "PXEClient")
     inventory.saw_unknown("52:54:00:00:00:99", "bios", "PXEClient")
     assert inventory.unknown["52:54:00:00:00:99"].requests == 2
+
+
+def test_apply_keeps_observed_state(inventory: Inventory, make_config) -> None:
+    token = boot_to_ready(inventory)
+    inventory.saw_unknown("52:54:00:99:00:77", "bios", None)
+    extra = '\n[nodes.cn009]\nip = "10.99.0.19"\nmac = "52:54:00:99:00:77"\n'
+    new = make_config(client_mac="52:54:00:99:00:22", more=extra)
+    added, removed, changed = inventory.apply(new)
+    assert (added, removed, changed) == ({"cn009"}, set(), {"cn002"})
+    assert inventory.nodes["cn001"].run_state is RunState.READY
+    assert inventory.by_mac("52:54:00:99:00:22").name == "cn002"
+    assert inventory.by_mac("52:54:00:99:00:12") is None
+    assert inventory.unknown == {}  # the unknown machine is now known
+    report(inventory, token)  # the boot token still holds

@@ -2,7 +2,8 @@
 
 RFC 1350 (transfers), 2347 (option negotiation), 2348 (blksize), 2349 (timeout, tsize) and
 7440 (windowsize). The asyncio adapter feeds datagrams and timer expiries in and sends the
-packets that come back; nothing here touches a socket or a clock.
+packets that come back; nothing here touches a socket or a clock, and only `safe_path`
+looks at the filesystem.
 """
 
 from __future__ import annotations
@@ -207,7 +208,7 @@ class Transfer:
     Blocks are counted from 1 without limit; only the wire carries them modulo 65536, so a
     file longer than 65535 blocks wraps to block 0 like tftp-hpa and iPXE expect. Block 0
     stands for the OACK. `receive` and `expire` return the packets to send; the caller
-    restarts its timer (`timeout` seconds) whenever they return any and stops once
+    (re)starts its timer (`timeout` seconds) whenever they return any and stops once
     `state` leaves "open".
     """
 
@@ -246,6 +247,7 @@ class Transfer:
         self._acked = -1 if accepted else 0  # highest block acknowledged
         self._sent = 0  # highest block sent
         self._tries = 0
+        self._base_timeout = self.timeout
 
     @property
     def bytes_acked(self) -> int:
@@ -269,7 +271,7 @@ class Transfer:
         block = self._acked + ((packet.block - self._acked) & 0xFFFF)
         if block == self._acked or block > self._sent:
             return []
-        self._acked, self._tries = block, 0
+        self._acked, self._tries, self.timeout = block, 0, self._base_timeout
         if block == self._last:
             self.state = "done"
             return []
@@ -278,14 +280,24 @@ class Transfer:
         return self._window()
 
     def expire(self) -> list[bytes]:
-        """The timer ran out: resend everything outstanding, or give up."""
+        """The timer ran out: resend everything outstanding, or give up.
+
+        The wait doubles on each retry (RFC 1123 4.2.3.2), up to 8 times the base, so the
+        server outlasts clients that only re-ACK after their own, longer timeout.
+        """
         if self.state != "open":
             return []
         self._tries += 1
         if self._tries > self.retries:
             self.abort(f"no ACK after {self.retries} retransmissions")
             return []
+        self.timeout = min(self.timeout * 2, self._base_timeout * 8)
         return [self._packet(n) for n in range(self._acked + 1, self._sent + 1)]
+
+    def abort(self, reason: str) -> None:
+        """Fail an open transfer (client error, retries exhausted, unreachable, shutdown)."""
+        if self.state == "open":
+            self.state, self.reason = "failed", reason
 
     def _window(self) -> list[bytes]:
         self._sent = min(self._acked + self.windowsize, self._last)
@@ -296,8 +308,3 @@ class Transfer:
             return self._oack
         start = (block - 1) * self.blksize
         return _HEAD.pack(Opcode.DATA, block & 0xFFFF) + self._data[start : start + self.blksize]
-
-    def abort(self, reason: str) -> None:
-        """Fail an open transfer (client error, retries exhausted, unreachable, shutdown)."""
-        if self.state == "open":
-            self.state, self.reason = "failed", reason

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from layerpy.boot import BootPolicy
+from layerpy.config import ReloadRefused
 from layerpy.inventory import Inventory, ReportRejected
 from layerpy.stats import Stats
 
@@ -20,10 +21,18 @@ POLICY: web.AppKey[BootPolicy] = web.AppKey("policy", BootPolicy)
 INVENTORY: web.AppKey[Inventory] = web.AppKey("inventory", Inventory)
 STATS: web.AppKey[Stats] = web.AppKey("stats", Stats)
 LOG_REQUESTS: web.AppKey[bool] = web.AppKey("log_requests", bool)
+RELOAD: web.AppKey[Callable[[], dict[str, list[str]]]] = web.AppKey("reload")
 
 
-def build_app(policy: BootPolicy, stats: Stats, *, log_requests: bool = False) -> web.Application:
+def build_app(
+    policy: BootPolicy,
+    stats: Stats,
+    reload: Callable[[], dict[str, list[str]]],
+    *,
+    log_requests: bool = False,
+) -> web.Application:
     app = web.Application(middlewares=[_profile], client_max_size=1024 * 1024)
+    app[RELOAD] = reload
     app[POLICY] = policy
     app[INVENTORY] = policy.inventory
     app[STATS] = stats
@@ -39,6 +48,7 @@ def build_app(policy: BootPolicy, stats: Stats, *, log_requests: bool = False) -
             web.get("/api/v1/unknown", list_unknown),
             web.get("/api/v1/stats", show_stats),
             web.get("/metrics", metrics),
+            web.post("/api/v1/reload", reload_config),
         ]
     )
     return app
@@ -105,6 +115,13 @@ async def agent_report(request: web.Request) -> web.Response:
         log.warning("rejected an agent report from %s: %s", request.remote, rejected.reason)
         return web.json_response({"error": rejected.reason}, status=rejected.status)
     return web.json_response(desired)
+
+
+async def reload_config(request: web.Request) -> web.Response:
+    try:
+        return web.json_response(request.app[RELOAD]())
+    except ReloadRefused as refused:
+        return web.json_response({"problems": refused.problems}, status=400)
 
 
 async def list_nodes(request: web.Request) -> web.Response:

@@ -15,16 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from layerpy.proto.tftp import (
-    ErrorCode,
-    Malformed,
-    Request,
-    TftpError,
-    Transfer,
-    check_request,
-    parse_request,
-    safe_path,
-)
+from layerpy.proto import tftp as proto
 
 log = logging.getLogger("layerpy.tftp")
 
@@ -67,13 +58,15 @@ def _socket(
     return sock
 
 
-def _load(root: Path, request: Request) -> bytes:
+def _load(root: Path, request: proto.Request) -> bytes:
     """Runs in a worker thread: the policy checks stat the disk, the read may be megabytes."""
-    check_request(request)
+    proto.check_request(request)
     try:
-        return safe_path(root, request.filename).read_bytes()
+        return proto.safe_path(root, request.filename).read_bytes()
     except OSError as exc:
-        raise TftpError(ErrorCode.ACCESS_VIOLATION, exc.strerror or "unreadable") from None
+        raise proto.TftpError(
+            proto.ErrorCode.ACCESS_VIOLATION, exc.strerror or "unreadable"
+        ) from None
 
 
 @dataclass(eq=False)
@@ -81,7 +74,7 @@ class _Session(asyncio.DatagramProtocol):
     """One transfer's socket and retransmit timer."""
 
     server: TftpServer
-    transfer: Transfer
+    transfer: proto.Transfer
     client: tuple
     name: str
     t0: float
@@ -90,14 +83,14 @@ class _Session(asyncio.DatagramProtocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        self.server._sessions.add(self)
+        self.server._clients[self.client] = self
         self.server._emit("start", self.client, self.name, self.t0)
         self._send(self.transfer.start())
 
     def datagram_received(self, data: bytes, addr) -> None:
         try:
             packets = self.transfer.receive(data)
-        except Malformed as exc:
+        except proto.Malformed as exc:
             self.server.stats.malformed += 1
             log.debug("%s:%d dropped: %s", *self.client[:2], exc)
             return
@@ -126,7 +119,9 @@ class _Session(asyncio.DatagramProtocol):
             self.timer.cancel()
         if self.transfer.state != "open":
             self.transport.close()
-            self.server._finished(self)
+            kind = "done" if self.transfer.state == "done" else "failed"
+            acked, reason = self.transfer.bytes_acked, self.transfer.reason
+            self.server._emit(kind, self.client, self.name, self.t0, acked, reason)
         elif packets:
             loop = asyncio.get_running_loop()
             self.timer = loop.call_later(self.transfer.timeout, self._expire)
@@ -148,34 +143,37 @@ class TftpServer(asyncio.DatagramProtocol):
         self.stats = TftpStats()
         self._listen: asyncio.DatagramTransport | None = None
         self._tasks: set[asyncio.Task] = set()
-        self._sessions: set[_Session] = set()
+        self._clients: dict[tuple, _Session | None] = {}  # by client: loading (None) or open
 
     def connection_made(self, transport) -> None:
         self._listen = transport
 
     def datagram_received(self, data: bytes, addr) -> None:
         try:
-            request = parse_request(data)
-        except Malformed as exc:
+            request = proto.parse_request(data)
+        except proto.Malformed as exc:
             self.stats.malformed += 1
             log.debug("%s:%d dropped: %s", *addr[:2], exc)
             return
         self.stats.requests += 1
+        if addr in self._clients:  # a retransmitted RRQ: answering twice would be a TID clash
+            log.debug("%s:%d duplicate request", *addr[:2])
+            return
+        self._clients[addr] = None
         task = asyncio.get_running_loop().create_task(self._serve(request, addr))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _serve(self, request: Request, client: tuple) -> None:
+    async def _serve(self, request: proto.Request, client: tuple) -> None:
         t0 = time.monotonic()
         try:
             data = await asyncio.to_thread(_load, self.root, request)
-        except TftpError as exc:
-            self.stats.denied += 1
+        except proto.TftpError as exc:
             if self._listen:
                 self._listen.sendto(exc.packet(), client)
             self._emit("denied", client, request.filename, t0, reason=exc.message)
             return
-        transfer = Transfer(request, data, **self.options)
+        transfer = proto.Transfer(request, data, **self.options)
         loop = asyncio.get_running_loop()
         try:
             sock = _socket(self.address, 0, self.interface, client)
@@ -183,19 +181,16 @@ class TftpServer(asyncio.DatagramProtocol):
                 lambda: _Session(self, transfer, client, request.filename, t0), sock=sock
             )
         except OSError as exc:
-            self.stats.transfers_failed += 1
             self._emit("failed", client, request.filename, t0, reason=str(exc))
 
-    def _finished(self, session: _Session) -> None:
-        transfer, ok = session.transfer, session.transfer.state == "done"
-        self._sessions.discard(session)
-        self.stats.transfers_ok += ok
-        self.stats.transfers_failed += not ok
-        self.stats.bytes_sent += transfer.bytes_acked
-        kind, reason = ("done", "") if ok else ("failed", transfer.reason)
-        self._emit(kind, session.client, session.name, session.t0, transfer.bytes_acked, reason)
-
     def _emit(self, kind: str, client: tuple, name: str, t0: float, size=0, reason="") -> None:
+        """Count, log and report the start or the end of one request."""
+        if kind != "start":
+            del self._clients[client]
+        self.stats.transfers_ok += kind == "done"
+        self.stats.transfers_failed += kind == "failed"
+        self.stats.denied += kind == "denied"
+        self.stats.bytes_sent += size
         event = TftpEvent(kind, client[0], client[1], name, size, time.monotonic() - t0, reason)
         level = logging.DEBUG if kind == "start" else logging.INFO
         line = f"{kind} {client[0]}:{client[1]} {name} {size} bytes {event.seconds:.3f} s {reason}"
@@ -211,8 +206,9 @@ class TftpServer(asyncio.DatagramProtocol):
             self._listen.close()
         for task in self._tasks:
             task.cancel()
-        for session in list(self._sessions):
-            session.abort("server closed")
+        for session in list(self._clients.values()):
+            if session:
+                session.abort("server closed")
 
 
 async def start_tftp(
