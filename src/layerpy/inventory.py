@@ -160,6 +160,7 @@ class Inventory:
         node.hostname = (
             payload.get("hostname") if isinstance(payload.get("hostname"), str) else None
         )
+        node.busy = "busy" if payload.get("busy") is True else "free"
         node.agent = {
             k: payload[k]
             for k in ("uptime", "seq", "busy", "agent_version", "timeline")
@@ -211,6 +212,7 @@ class Inventory:
         node.boot = Boot(started=self.clock(), firmware=firmware)
         node.boots += 1
         node.last_report = None
+        node.busy = "unknown"
         self._set_state(
             node, RunState.BOOTING, f"boot {node.boots} ({firmware or 'unknown firmware'})"
         )

@@ -62,6 +62,7 @@ class Node:
     mac: str | None = None
     ip: IPv4Address | None = None
     hostname: str | None = None
+    busy: str = "unknown"
     last_report: float | None = None
     boot: Boot | None = None
     boots: int = 0
@@ -78,6 +79,7 @@ class Node:
             "mac": self.mac or self.config.mac,
             "ip": str(self.ip or self.config.ip),
             "hostname": self.hostname,
+            "busy": self.busy,
             "group": self.config.group,
             "run_state": str(self.run_state),
             "boots": self.boots,

@@ -333,6 +333,17 @@ def test_change_is_reported_immediately(server, agents, tmp_path) -> None:
     assert len(server.reports) == 2  # reported once, then back to the 30 s heartbeat
 
 
+def test_busy_flag_is_reported_immediately(server, agents, tmp_path) -> None:
+    server.heartbeat = 30
+    agents.append(Running(server.port, tmp_path))
+    assert server.wait(1)[0]["busy"] is False
+    (tmp_path / "busy").touch()  # what a job does to keep its node from being powered off
+    change = server.wait(2)[1]
+    assert (change["event"], change["busy"]) == ("change", True)
+    (tmp_path / "busy").unlink()
+    assert server.wait(3)[2]["busy"] is False
+
+
 def test_restart_in_same_boot_continues(server, agents, tmp_path) -> None:
     first = Running(server.port, tmp_path)
     server.wait(2)

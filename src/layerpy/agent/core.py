@@ -218,7 +218,8 @@ class Agent:
         else:
             url = urllib.parse.urlsplit(self.cfg.server)
             mac, ip = self.cfg.bootif, source_address(url.hostname or "", url.port or 80)
-        return {"mac": mac, "ip": ip, "hostname": socket.gethostname()}
+        busy = "busy" if os.path.exists(os.path.join(self.state_dir, "busy")) else "free"
+        return {"mac": mac, "ip": ip, "hostname": socket.gethostname(), "busy": busy}
 
     def body(self, obs: dict[str, str], event: str) -> dict:
         return {
@@ -231,7 +232,7 @@ class Agent:
             "seq": self.seq,
             "event": event,
             "run_state": "ready",
-            "busy": False,
+            "busy": obs["busy"] == "busy",
             "uptime": uptime(),
             "timeline": dict(self.timeline),
             "agent_version": layerpy.__version__,
@@ -258,7 +259,9 @@ class Agent:
                     f" heartbeat {self.heartbeat:g} s)"
                 )
             elif event == "change":
-                self.log(f"reported change: ip {obs['ip'] or '-'}, mac {obs['mac'] or '-'}")
+                self.log(
+                    f"reported change: ip {obs['ip'] or '-'}, {obs['busy']}"
+                )
             if out.detail:
                 self.log(f"server answered oddly: {out.detail}")
         self._save_state()
