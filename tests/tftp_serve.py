@@ -1,7 +1,7 @@
 """Run layerpy's TFTP server for tests and benchmarks, events as JSON lines on stdout.
 
-Usage: python tests/tftp_serve.py ROOT ADDRESS [PORT] [--timeout S]. Prints {"kind": "ready"}
-once listening and, on SIGTERM, {"kind": "stats", ...} before exiting.
+Usage: python tests/tftp_serve.py ROOT ADDRESS [PORT] [--timeout S] [--interface IF]
+Prints {"kind": "ready"} once listening and, on SIGTERM, {"kind": "stats", ...} before exiting.
 """
 
 import argparse
@@ -24,7 +24,12 @@ async def serve(args: argparse.Namespace) -> None:
         show(asdict(event))
 
     server = await start_tftp(
-        args.root, args.address, args.port, on_event=on_event, timeout=args.timeout
+        args.root,
+        args.address,
+        args.port,
+        interface=args.interface,
+        on_event=on_event,
+        timeout=args.timeout,
     )
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
@@ -40,6 +45,7 @@ if __name__ == "__main__":
     parser.add_argument("address")
     parser.add_argument("port", type=int, nargs="?", default=69)
     parser.add_argument("--timeout", type=float, default=1.0)
+    parser.add_argument("--interface")
     parser.add_argument("--debug", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO)

@@ -197,14 +197,19 @@ def test_window_restarts_after_partial_ack():
     assert transfer.receive(encode(Ack(5))) == []
 
 
-def test_retransmit_then_give_up():
-    transfer = Transfer(rrq(windowsize="2"), bytes(5000), retries=2)
+def test_retransmit_with_backoff_then_give_up():
+    transfer = Transfer(rrq(windowsize="2"), bytes(5000), timeout=0.5, retries=4)
     transfer.start()
     window = transfer.receive(encode(Ack(0)))
     assert transfer.expire() == window
+    assert transfer.timeout == 1.0
     assert blocks(transfer.receive(encode(Ack(2)))) == [3, 4]  # progress resets the count
-    assert blocks(transfer.expire()) == [3, 4]
-    assert blocks(transfer.expire()) == [3, 4]
+    assert transfer.timeout == 0.5
+    waits = []
+    for _ in range(4):
+        assert blocks(transfer.expire()) == [3, 4]
+        waits.append(transfer.timeout)
+    assert waits == [1.0, 2.0, 4.0, 4.0]  # doubling, capped at 8 x base
     assert transfer.expire() == []
     assert transfer.state == "failed"
     assert "retransmissions" in transfer.reason
@@ -331,7 +336,7 @@ class Lab:
         path = self.tmp / log
         argv = list(args) or [
             *(sys.executable, str(HERE / "tftp_serve.py"), str(self.root), SERVER, str(port)),
-            *("--timeout", "0.3"),
+            *("--timeout", "0.3", "--interface", self.link.server_if),
         ]
         with path.open("w") as out:
             proc = self.link.server.popen(argv, stdout=out, stderr=subprocess.DEVNULL)
@@ -431,8 +436,31 @@ def test_parallel_transfers(lab):
     assert {sha(lab.out / f"p{i}") for i in range(4)} == {sha(lab.root / "big.bin")}
 
 
+# A bare-socket client: sends its RRQ twice (as impatient PXE ROMs do), fetches the file in
+# lock-step, listens a little longer, and reports how many server TIDs talked to it.
+TWICE = r"""
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(2)
+for _ in range(2):
+    s.sendto(b"\0\1k512.bin\0octet\0", (sys.argv[1], int(sys.argv[2])))
+tids, got, data = set(), 0, b"x" * 516
+while len(data) == 516:
+    data, peer = s.recvfrom(1000)
+    tids.add(peer)
+    got += len(data) - 4
+    s.sendto(b"\0\4" + data[2:4], peer)
+s.settimeout(0.5)
+try:
+    tids.add(s.recvfrom(1000)[1])
+except TimeoutError:
+    pass
+print(len(tids), got)
+"""
+
+
 @pytest.mark.netns
-def test_bad_datagrams_are_counted_and_dropped(lab):
+def test_bad_datagrams_and_duplicate_requests(lab):
     server, log = lab.start(port=1069, log="junk.log")
     junk = [b"", b"\x00", b"\x00\x09xx", b"\x00\x01noterm", b"\x00\x04\x00\x01", b"\xff" * 600]
     script = (
@@ -440,29 +468,31 @@ def test_bad_datagrams_are_counted_and_dropped(lab):
         f"for b in {junk!r}: s.sendto(b, ('{SERVER}', 1069))"
     )
     lab.link.client.run(sys.executable, "-c", script)
+    out = lab.link.client.run(sys.executable, "-c", TWICE, SERVER, "1069").stdout
+    assert out.split() == ["1", str(SIZES["k512"])]
     dest, *_ = lab.get("curl", "k1428.bin", port=1069)
     assert sha(dest) == sha(lab.root / "k1428.bin")
     server.terminate()
     server.wait(10)
     events = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
-    stats = events[-1]
+    stats = events.pop()
     assert stats["kind"] == "stats"
-    assert (stats["malformed"], stats["requests"], stats["transfers_ok"]) == (len(junk), 1, 1)
-    assert [e["kind"] for e in events[:-1]] == ["ready", "start", "done"]
-    assert events[2]["bytes"] == SIZES["k1428"]
+    assert (stats["malformed"], stats["requests"], stats["transfers_ok"]) == (len(junk), 3, 2)
+    assert [e["kind"] for e in events] == ["ready", "start", "done", "start", "done"]
+    assert events[-1]["bytes"] == SIZES["k1428"]
 
 
 @pytest.mark.netns
 @pytest.mark.parametrize(
-    ("client", "windowsize"), [("tftp-hpa", "1"), ("atftp", "1"), ("atftp", "4")]
+    ("client", "windowsize", "port"),
+    [("tftp-hpa", "1", 7001), ("atftp", "1", 7002), ("atftp", "4", 7003)],
 )
-def test_transfer_survives_loss(lab, client, windowsize):
+def test_transfer_survives_loss(lab, client, windowsize, port):
     """Every 7th datagram is dropped, both ways, by a relay in front of the server.
 
     curl is left out: it asks for a 6 s retransmit timeout, which the server honours.
     """
-    (lab.root / "lossy.bin").write_bytes(os.urandom(40_000))
-    port = 7000 + int(windowsize) + len(client)
+    (lab.root / "lossy.bin").write_bytes(os.urandom(20_000))
     relay = [sys.executable, str(HERE / "lossy_relay.py"), SERVER, str(port), SERVER, "69", "7"]
     lab.start(*relay, log=f"relay{port}")
     dest, output, _ = lab.get(client, "lossy.bin", port, blksize="1024", windowsize=windowsize)
