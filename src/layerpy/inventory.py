@@ -49,6 +49,10 @@ class UnknownMachine:
         return dict(self.__dict__)
 
 
+def _ignore(node: Node) -> None:
+    """The default change hook: nobody listens."""
+
+
 class ReportRejected(Exception):
     def __init__(self, status: int, reason: str) -> None:
         super().__init__(reason)
@@ -62,6 +66,7 @@ class Inventory:
     clock: Callable[[], float] = time.time
     nodes: dict[str, Node] = field(init=False)
     unknown: dict[str, UnknownMachine] = field(default_factory=dict, init=False)
+    on_change: Callable[[Node], None] = field(default_factory=lambda: _ignore, init=False)
 
     def __post_init__(self) -> None:
         self.nodes = {name: Node(cfg) for name, cfg in self.config.nodes.items()}
@@ -160,7 +165,11 @@ class Inventory:
         node.hostname = (
             payload.get("hostname") if isinstance(payload.get("hostname"), str) else None
         )
-        node.busy = "busy" if payload.get("busy") is True else "free"
+        busy = "busy" if payload.get("busy") is True else "free"
+        if busy != node.busy:
+            log.info("%s: %s", node.name, busy)
+            node.busy = busy
+            self.on_change(node)
         node.agent = {
             k: payload[k]
             for k in ("uptime", "seq", "busy", "agent_version", "timeline")
@@ -180,6 +189,12 @@ class Inventory:
             self.mark(node, "agent_hello")
             self._set_state(node, RunState.INIT)
         return {"heartbeat": self.config.server.heartbeat, "node": node.name}
+
+    def forget(self, node: Node, why: str) -> None:
+        """What can no longer be known after a power change: run state and busy."""
+        node.busy = "unknown"
+        node.last_report = None
+        self._set_state(node, RunState.UNKNOWN, why)
 
     def check_lost(self) -> None:
         """Nodes whose agent stopped reporting become lost."""
@@ -224,6 +239,7 @@ class Inventory:
         suffix = f": {why}" if why else ""
         log.info("%s: run_state %s -> %s%s", node.name, node.run_state, state, suffix)
         node.run_state = state
+        self.on_change(node)
 
     @property
     def _token_file(self) -> Path:

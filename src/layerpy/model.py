@@ -63,6 +63,7 @@ class Node:
     ip: IPv4Address | None = None
     hostname: str | None = None
     busy: str = "unknown"
+    power: str = "unknown"
     last_report: float | None = None
     boot: Boot | None = None
     boots: int = 0
@@ -80,6 +81,7 @@ class Node:
             "ip": str(self.ip or self.config.ip),
             "hostname": self.hostname,
             "busy": self.busy,
+            "power": self.power,
             "group": self.config.group,
             "run_state": str(self.run_state),
             "boots": self.boots,
