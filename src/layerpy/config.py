@@ -68,6 +68,7 @@ class ServerConfig:
     state_dir: Path = Path("/var/lib/layerpy")
     heartbeat: float = 5.0
     lost_after: int = 3
+    power_poll: float = 10.0
     log_requests: bool = False
 
     @property
@@ -259,6 +260,7 @@ class _Reader:
             "state_dir",
             "heartbeat",
             "lost_after",
+            "power_poll",
             "log_requests",
         }
         table = self.table(data, "server", keys)
@@ -281,6 +283,7 @@ class _Reader:
             state_dir=self.path(get("state_dir", str, default="/var/lib/layerpy")),
             heartbeat=float(get("heartbeat", (int, float), _positive, default=5.0)),
             lost_after=get("lost_after", int, _positive, default=3),
+            power_poll=float(get("power_poll", (int, float), _positive, default=10.0)),
             log_requests=get("log_requests", bool, default=False),
         )
 

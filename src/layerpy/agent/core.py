@@ -259,9 +259,7 @@ class Agent:
                     f" heartbeat {self.heartbeat:g} s)"
                 )
             elif event == "change":
-                self.log(
-                    f"reported change: ip {obs['ip'] or '-'}, {obs['busy']}"
-                )
+                self.log(f"reported change: ip {obs['ip'] or '-'}, {obs['busy']}")
             if out.detail:
                 self.log(f"server answered oddly: {out.detail}")
         self._save_state()
