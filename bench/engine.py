@@ -1,0 +1,139 @@
+"""State engine at scale: 10 000 and 100 000 nodes planned and converged on one loop.
+
+No reference implementation exists, so this reports layerpy's own figures: building the
+graph, adding every node, a cfg change touching every node, planning them all, and
+running to convergence (power on and boot, then power off again) with a fake act that
+completes at once by observing the change, as a fast BMC and agent would. Each size runs
+in a fresh process so that its peak RSS is its own.
+
+Run: `.venv/bin/python bench/engine.py [--nodes 10000 100000]`.
+"""
+
+import argparse
+import asyncio
+import functools
+import json
+import resource
+import subprocess
+import sys
+import time
+
+from layerpy.engine import Engine, Graph, Mutation, Variable
+
+
+def lifecycle() -> Graph:
+    """A representative lifecycle table, as in tests/unit/test_engine.py."""
+    variables = [
+        Variable("power", ("unknown", "off", "on", "hang", "error")),
+        Variable("run", ("unknown", "booting", "init", "ready", "lost", "error")),
+        Variable("busy", ("unknown", "free", "busy")),
+    ]
+    on = {"power": {"on"}}
+    mutations = [
+        Mutation("power.on", {"power": ("off", "on")}, action="power_on", timeout=30,
+                 fail_to={"power": "error"}),
+        Mutation("power.off", {"power": ("on", "off")}, excludes={"busy": {"busy"}},
+                 forgets=("run",), action="power_off", timeout=30, fail_to={"power": "error"}),
+        Mutation("power.cycle", {"power": ("hang", "on")}, forgets=("run",),
+                 action="power_cycle", timeout=30),
+        Mutation("power.retry", {"power": ("error", "unknown")}, action="power_status",
+                 timeout=10, cost=10),
+        Mutation("boot.wait", {"run": ("*", "ready")}, requires=on, timeout=120,
+                 fail_to={"power": "hang"}),
+        Mutation("boot.recover", {"run": ("lost", "ready")}, requires=on, timeout=10,
+                 fail_to={"power": "hang"}, cost=0.5),
+    ]  # fmt: skip
+    return Graph(variables, mutations)
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+async def converge(engine: Engine, count: int) -> None:
+    while engine.stats()["converged"] < count:
+        await asyncio.sleep(0.005)
+
+
+async def measure(count: int) -> dict[str, float]:
+    """Timings in seconds for one size, and peak memory."""
+    loop = asyncio.get_running_loop()
+
+    async def act(node: str, action: str) -> None:
+        if action == "power_on":
+            engine.observe(node, power="on")
+            loop.call_soon(functools.partial(engine.observe, node, run="ready"))  # agent hello
+        elif action == "power_off":
+            engine.observe(node, power="off")
+
+    base = rss_mb()
+    times: dict[str, float] = {}
+    start = time.perf_counter()
+    graph = lifecycle()
+    times["graph"] = time.perf_counter() - start
+
+    engine = Engine(graph, act)
+    nodes = [f"n{i:06}" for i in range(count)]
+    start = time.perf_counter()
+    for node in nodes:
+        engine.add_node(node, {"power": "off"}, {"power": "off", "run": "unknown", "busy": "free"})
+    times["add"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    for node in nodes:
+        engine.set_cfg(node, power="on", run="ready")
+    times["cfg"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    for node in nodes:
+        engine.plan(node)
+    times["plan"] = time.perf_counter() - start
+
+    runner = asyncio.create_task(engine.run())
+    start = time.perf_counter()
+    await converge(engine, count)
+    times["boot"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    for node in nodes:
+        engine.set_cfg(node, power="off", run=None)
+    await converge(engine, count)
+    times["off"] = time.perf_counter() - start
+    runner.cancel()
+
+    stats = engine.stats()
+    assert stats["failures"] == 0 and stats["in_flight"] == 0, stats
+    times["rss"] = rss_mb()
+    times["per_node_kb"] = (times["rss"] - base) * 1024 / count
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # one size, JSON out
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(asyncio.run(measure(args.one))))
+        return
+    print(
+        f"{'nodes':>8} {'graph':>8} {'add':>7} {'cfg all':>8} {'plan all':>9}"
+        f" {'on+boot':>8} {'nodes/s':>8} {'off':>7} {'peak RSS':>9} {'per node':>9}"
+    )
+    for count in args.nodes:
+        out = subprocess.run(
+            [sys.executable, __file__, "--one", str(count)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        r = json.loads(out)
+        print(
+            f"{count:>8} {r['graph'] * 1e3:>6.2f}ms {r['add']:>6.2f}s {r['cfg']:>7.2f}s"
+            f" {r['plan']:>8.3f}s {r['boot']:>7.2f}s {count / r['boot']:>8.0f}"
+            f" {r['off']:>6.2f}s {r['rss']:>7.0f}MB {r['per_node_kb']:>7.2f}KB"
+        )
+
+
+if __name__ == "__main__":
+    main()

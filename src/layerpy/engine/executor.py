@@ -1,0 +1,352 @@
+"""Continuous enforcement: every node walks its planned path, one observed edge at a time.
+
+observe() and set_cfg() only record and mark the node dirty; step() expires due timers
+from one heap, plans the dirty nodes and fires their next edge. Actions run as tasks, at
+most ``max_actions`` at once (a queue in front, not one waiting task per node), so a slow
+BMC never holds up other nodes' planning or deadlines. run() sleeps between steps until
+the next timer or a wake-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+from layerpy.engine.graph import Goal, Graph, NoPath, State
+from layerpy.engine.mutation import Mutation
+
+log = logging.getLogger("layerpy.engine")
+
+HISTORY = 10  # failures kept per node for explain()
+
+
+@dataclass(slots=True, eq=False)
+class _Node:
+    """Per-node bookkeeping, slotted: there may be 100 000 of these."""
+
+    name: str
+    goal: Goal
+    state: State
+    current: Mutation | None = None
+    origin: State = ()  # the state when current fired: tells progress from surprise
+    fired: float = 0.0
+    deadline: float | None = None
+    task: asyncio.Task | None = None
+    # Bumped whenever current starts or ends: timers, queued actions and action results
+    # carry the epoch they were made in and are ignored once it has moved on.
+    epoch: int = 0
+    failures: deque[tuple[float, str, str]] | None = None
+    attempts: int = 0  # failures since the node last converged or was reset
+    retry_at: float = 0.0
+    gave_up: str | None = None
+    blocked: str | None = None
+    converged: bool = False
+
+
+class Engine:
+    """Drives nodes from dsc to cfg; ``act(node, action)`` performs a fired action."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        act: Callable[[str, str], Awaitable[None]],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_actions: int = 64,
+        max_failures: int = 5,
+        backoff: tuple[float, float] = (1.0, 60.0),
+    ) -> None:
+        self.graph, self.act, self.clock = graph, act, clock
+        self.max_actions, self.max_failures, self.backoff = max_actions, max_failures, backoff
+        self._nodes: dict[str, _Node] = {}
+        self._dirty: dict[_Node, None] = {}
+        self._timers: list[tuple[float, int, _Node, int]] = []
+        self._tie = itertools.count()
+        self._queue: deque[tuple[_Node, int]] = deque()
+        self._tasks: set[asyncio.Task] = set()
+        self._wake = asyncio.Event()
+        self._count = dict.fromkeys(("converged", "in_flight", "blocked", "gave_up", "failures"), 0)
+
+    # -- what the rest of layerpy calls ------------------------------------------------
+
+    def add_node(
+        self, node: str, cfg: Mapping[str, str | None], dsc: Mapping[str, str] | None = None
+    ) -> None:
+        if node in self._nodes:
+            raise ValueError(f"node {node!r} is already in the engine")
+        rec = _Node(node, self.graph.goal(cfg), self.graph.state(dsc or {}))
+        self._nodes[node] = rec
+        self._mark(rec)
+
+    def remove_node(self, node: str) -> None:
+        rec = self._nodes.pop(node)
+        if rec.current is not None:
+            self._end(rec, cancel=True)
+        rec.epoch += 1
+        self._dirty.pop(rec, None)
+        for key in ("converged", "blocked", "gave_up"):
+            self._count[key] -= bool(getattr(rec, key))
+
+    def set_cfg(self, node: str, **values: str | None) -> None:
+        """The wish changed (file reload, API override); None means don't care."""
+        rec = self._nodes[node]
+        goal = self.graph.goal(values, rec.goal)
+        if goal == rec.goal:
+            return
+        rec.goal = goal
+        self._reset(rec)
+        if rec.current is not None:
+            try:
+                keep = self.graph.steps(rec.state, goal)[:1] == (rec.current,)
+            except NoPath:
+                keep = False
+            if not keep:
+                log.info("%s: %s cancelled: cfg changed", rec.name, rec.current.name)
+                self._end(rec, cancel=True)
+        self._mark(rec)
+
+    def observe(self, node: str, **values: str) -> None:
+        """Something was discovered: advance the mutation in flight, or re-plan."""
+        rec = self._nodes[node]
+        state = self.graph.state(values, rec.state)
+        if state == rec.state:
+            return
+        rec.state = state
+        if rec.gave_up:
+            self._reset(rec)  # the world moved: worth another round of attempts
+        mutation = rec.current
+        if mutation is not None:
+            if self.graph.done(mutation, rec.origin, state):
+                elapsed = self.clock() - rec.fired
+                log.info("%s: %s done in %.1f s", rec.name, mutation.name, elapsed)
+                self._end(rec)
+            elif why := self.graph.deviation(mutation, rec.origin, state):
+                log.info("%s: %s interrupted by %s, re-planning", rec.name, mutation.name, why)
+                self._end(rec, cancel=True)
+            else:
+                return  # still on course
+        self._mark(rec)
+
+    def plan(self, node: str) -> list[str]:
+        """Mutation names from the current dsc to cfg; raises NoPath saying what blocks."""
+        rec = self._nodes[node]
+        return [m.name for m in self.graph.steps(rec.state, rec.goal)]
+
+    def explain(self, node: str) -> dict[str, object]:
+        """Why the node is where it is: wish, news, plan, what is in flight, what failed."""
+        rec, now = self._nodes[node], self.clock()
+        try:
+            plan, blocked = self.plan(node), None
+        except NoPath as exc:
+            plan, blocked = [], str(exc)
+        current = None
+        if (m := rec.current) is not None:
+            task = rec.task
+            status = "queued" if m.action and task is None else "waiting"
+            current = {
+                "mutation": m.name,
+                "action": m.action,
+                "status": "acting" if task and not task.done() else status,
+                "elapsed": round(now - rec.fired, 3),
+                "deadline": None if rec.deadline is None else round(rec.deadline - now, 3),
+            }
+        return {
+            "node": node,
+            "cfg": self.graph.values(rec.goal),
+            "dsc": self.graph.values(rec.state),
+            "converged": m is None and not plan and blocked is None,
+            "plan": plan,
+            "blocked": blocked,
+            "current": current,
+            "failures": [
+                {"mutation": name, "reason": reason, "at": at, "ago": round(now - at, 3)}
+                for at, name, reason in rec.failures or ()
+            ],
+            "attempts": rec.attempts,
+            "retry_in": round(rec.retry_at - now, 3) if rec.retry_at > now else None,
+            "gave_up": rec.gave_up,
+        }
+
+    def stats(self) -> dict[str, int]:
+        """Counts, kept as they change so that polling them is free at any scale."""
+        return {"nodes": len(self._nodes), "actions": len(self._tasks), **self._count}
+
+    async def run(self) -> None:
+        """The continuous loop; cancel it to stop (running actions are cancelled)."""
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                self._wake.clear()
+                due = self.step()
+                timer = None if due is None else loop.call_later(due - self.clock(), self._wake.set)
+                await self._wake.wait()
+                if timer is not None:
+                    timer.cancel()
+        finally:  # abandon what is in flight; a later run() plans afresh
+            for rec in self._nodes.values():
+                if rec.current is not None:
+                    self._end(rec, cancel=True)
+                    self._mark(rec)
+
+    def step(self) -> float | None:
+        """One pass: expire due timers, plan dirty nodes, start queued actions.
+
+        Returns when the next timer is due. Tests with a fake clock call this directly
+        (from inside a loop, since actions start as tasks).
+        """
+        now = self.clock()
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            _, _, rec, epoch = heapq.heappop(timers)
+            if rec.epoch != epoch:
+                continue
+            if rec.current is not None and rec.deadline is not None and rec.deadline <= now:
+                mutation = rec.current
+                self._fail(
+                    rec, f"timed out after {mutation.timeout:g} s", mutation.fail_to, cancel=True
+                )
+            else:
+                self._mark(rec)  # its backoff is over
+        dirty, self._dirty = self._dirty, {}
+        for rec in dirty:
+            self._advance(rec, now)
+        self._pump()
+        return timers[0][0] if timers else None
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _mark(self, rec: _Node) -> None:
+        if rec.converged:
+            rec.converged = False
+            self._count["converged"] -= 1
+        self._dirty[rec] = None
+        self._wake.set()
+
+    def _advance(self, rec: _Node, now: float) -> None:
+        if rec.current is not None or rec.gave_up or rec.retry_at > now:
+            return
+        try:
+            steps = self.graph.steps(rec.state, rec.goal)
+            blocked = None
+        except NoPath as exc:
+            steps, blocked = (), str(exc)
+            if blocked != rec.blocked:
+                log.info("%s: waiting: %s", rec.name, blocked)
+        self._count["blocked"] += bool(blocked) - bool(rec.blocked)
+        rec.blocked = blocked
+        if steps:
+            self._fire(rec, steps[0], now)
+        elif not blocked:
+            rec.converged, rec.attempts, rec.retry_at = True, 0, 0.0
+            self._count["converged"] += 1
+
+    def _fire(self, rec: _Node, mutation: Mutation, now: float) -> None:
+        log.info("%s: fire %s", rec.name, mutation.name)
+        rec.current, rec.origin, rec.fired = mutation, rec.state, now
+        rec.epoch += 1
+        self._count["in_flight"] += 1
+        rec.state = self.graph.forget(mutation, rec.state)
+        if mutation.action:
+            self._queue.append((rec, rec.epoch))
+        else:
+            self._arm(rec, now)
+
+    def _arm(self, rec: _Node, now: float) -> None:
+        """Start the deadline: at firing, or when the action actually starts."""
+        assert rec.current is not None
+        if rec.current.timeout is not None:
+            rec.deadline = now + rec.current.timeout
+            self._push(rec.deadline, rec)
+
+    def _pump(self) -> None:
+        while self._queue and len(self._tasks) < self.max_actions:
+            rec, epoch = self._queue.popleft()
+            if rec.epoch != epoch:
+                continue  # ended while queued
+            assert rec.current is not None
+            rec.task = asyncio.create_task(self._perform(rec, rec.current, epoch))
+            self._tasks.add(rec.task)
+            rec.task.add_done_callback(self._finished)
+            self._arm(rec, self.clock())
+
+    async def _perform(self, rec: _Node, mutation: Mutation, epoch: int) -> None:
+        assert mutation.action is not None
+        try:
+            await self.act(rec.name, mutation.action)
+        except Exception as exc:
+            reason = f"failed: {str(exc) or type(exc).__name__}"
+            if rec.epoch == epoch:
+                self._fail(rec, reason, self._error(mutation))
+            else:
+                log.warning(
+                    "%s: %s %s after %s had ended", rec.name, mutation.action, reason, mutation.name
+                )
+
+    def _finished(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        self._pump()
+
+    def _error(self, mutation: Mutation) -> Mapping[str, str]:
+        """What a failed action leaves: fail_to, else "error" where the variable has one."""
+        if mutation.fail_to:
+            return mutation.fail_to
+        variables = self.graph.variables
+        return {
+            var: "error"
+            for var in mutation.changes
+            if "error" in variables[self.graph.index[var]].values
+        }
+
+    def _end(self, rec: _Node, *, cancel: bool = False) -> None:
+        """The mutation in flight is over. Its action, if still running, is cancelled only
+        when asked: after a success it is left to return on its own."""
+        if cancel and rec.task is not None:
+            rec.task.cancel()
+        rec.current, rec.deadline, rec.task = None, None, None
+        rec.epoch += 1
+        self._count["in_flight"] -= 1
+
+    def _fail(
+        self, rec: _Node, reason: str, values: Mapping[str, str], *, cancel: bool = False
+    ) -> None:
+        now, mutation = self.clock(), rec.current
+        assert mutation is not None
+        self._end(rec, cancel=cancel)
+        rec.state = self.graph.state(values, rec.state)
+        outcome = " ".join(f"{var}={value}" for var, value in values.items()) or "dsc unchanged"
+        log.warning("%s: %s %s -> %s", rec.name, mutation.name, reason, outcome)
+        if rec.failures is None:
+            rec.failures = deque(maxlen=HISTORY)
+        rec.failures.append((now, mutation.name, reason))
+        self._count["failures"] += 1
+        rec.attempts += 1
+        if rec.attempts >= self.max_failures:
+            rec.gave_up = f"gave up after {rec.attempts} failures; last: {mutation.name} {reason}"
+            self._count["gave_up"] += 1
+            log.error("%s: %s", rec.name, rec.gave_up)
+        else:
+            first, cap = self.backoff
+            rec.retry_at = now + min(cap, first * 2 ** (rec.attempts - 1))
+            self._push(rec.retry_at, rec)
+        self._mark(rec)
+
+    def _reset(self, rec: _Node) -> None:
+        """Forget the failure count: new wishes or news deserve fresh attempts."""
+        rec.attempts, rec.retry_at = 0, 0.0
+        if rec.gave_up:
+            rec.gave_up = None
+            self._count["gave_up"] -= 1
+
+    def _push(self, when: float, rec: _Node) -> None:
+        timers = self._timers
+        heapq.heappush(timers, (when, next(self._tie), rec, rec.epoch))
+        if len(timers) > 2 * len(self._nodes) + 64:  # drop stale timers, in place
+            timers[:] = [t for t in timers if t[2].epoch == t[3]]
+            heapq.heapify(timers)
+        self._wake.set()

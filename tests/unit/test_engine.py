@@ -1,0 +1,450 @@
+"""The state engine: path search, and nodes driven through a fake world on a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+
+import pytest
+
+from layerpy.engine import Engine, Graph, Mutation, NoPath, Variable
+
+
+def lifecycle_example() -> Graph:
+    """A representative lifecycle table (the real one is declared by the server)."""
+    variables = [
+        Variable("power", ("unknown", "off", "on", "hang", "error")),
+        Variable("run", ("unknown", "booting", "init", "ready", "lost", "error")),
+        Variable("busy", ("unknown", "free", "busy")),
+    ]
+    mutations = [
+        Mutation("power.on", {"power": ("off", "on")}, action="power_on", timeout=30,
+                 fail_to={"power": "error"}),
+        Mutation("power.off", {"power": ("on", "off")}, excludes={"busy": {"busy"}},
+                 forgets=("run",), action="power_off", timeout=30, fail_to={"power": "error"}),
+        Mutation("power.cycle", {"power": ("hang", "on")}, forgets=("run",),
+                 action="power_cycle", timeout=30),
+        # To the default: "find out". Done by whatever status is observed next.
+        Mutation("power.retry", {"power": ("error", "unknown")}, action="power_status",
+                 timeout=10, cost=10),
+        # From any run value, so that booting/init reports along the way stay on course.
+        Mutation("boot.wait", {"run": ("*", "ready")}, requires={"power": {"on"}}, timeout=120,
+                 fail_to={"power": "hang"}),
+        Mutation("boot.recover", {"run": ("lost", "ready")}, requires={"power": "on"},
+                 timeout=10, fail_to={"power": "hang"}, cost=0.5),
+    ]  # fmt: skip
+    return Graph(variables, mutations)
+
+
+OFF = {"power": "off", "run": "unknown", "busy": "free"}
+UP = {"power": "on", "run": "ready", "busy": "free"}
+WANT_UP = {"power": "on", "run": "ready"}
+
+
+def names(mutations: list[Mutation]) -> list[str]:
+    return [m.name for m in mutations]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class World:
+    """A fake clock, and a fake ``act`` that records calls and plays scripted effects."""
+
+    def __init__(self, **engine_options) -> None:
+        self.clock = Clock()
+        self.calls: list[tuple[str, str]] = []
+        self.effects: dict[str, dict[str, str] | Exception] = {}
+        self.hung: set[str] = set()  # actions that never return, like a BMC that hangs
+        self.engine = Engine(lifecycle_example(), self.act, clock=self.clock, **engine_options)
+
+    async def act(self, node: str, action: str) -> None:
+        self.calls.append((node, action))
+        if action in self.hung:
+            await asyncio.get_running_loop().create_future()
+        effect = self.effects.get(action)
+        if isinstance(effect, Exception):
+            raise effect
+        if effect:
+            self.engine.observe(node, **effect)
+
+    async def settle(self, advance: float = 0.0) -> None:
+        """Move the clock, then step and let action tasks run until things are quiet."""
+        self.clock.now += advance
+        for _ in range(6):
+            self.engine.step()
+            await asyncio.sleep(0)
+
+    def explain(self, node: str = "cn1") -> dict:
+        return self.engine.explain(node)
+
+
+def scenario(test):
+    """Run an async test on a fresh loop (no pytest-asyncio here)."""
+
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        return asyncio.run(test(*args, **kwargs))
+
+    return run
+
+
+# -- path search ----------------------------------------------------------------------
+
+
+def test_path_is_cheapest_and_honours_dont_care():
+    graph = lifecycle_example()
+    assert names(graph.path(OFF, WANT_UP)) == ["power.on", "boot.wait"]
+    assert names(graph.path({**UP, "run": "lost"}, WANT_UP)) == ["boot.recover"]
+    assert names(graph.path({**OFF, "power": "hang"}, WANT_UP)) == ["power.cycle", "boot.wait"]
+    assert names(graph.path({**OFF, "run": "ready"}, {"power": "on"})) == ["power.on"]
+    # Nothing leads from error to on: the plan ends by finding the power state out.
+    assert names(graph.path({**OFF, "power": "error"}, {"power": "on"})) == ["power.retry"]
+
+
+def test_path_when_there_is_empty_and_memoised():
+    graph = lifecycle_example()
+    assert graph.path(UP, WANT_UP) == []
+    assert graph.path(UP, {}) == []
+    state, goal = graph.state(OFF), graph.goal(WANT_UP)
+    assert graph.steps(state, goal) is graph.steps(graph.state(OFF), graph.goal(WANT_UP))
+
+
+def test_unreachable_target_says_why():
+    graph = lifecycle_example()
+    with pytest.raises(NoPath, match="no mutations lead from run=unknown to run=booting"):
+        graph.path(OFF, {"run": "booting"})
+    with pytest.raises(NoPath, match="power=unknown to power=on"):
+        graph.path({}, {"power": "on"})
+    with pytest.raises(NoPath, match=r"power\.off is blocked by busy=busy"):
+        graph.path({**UP, "busy": "busy"}, {"power": "off"})
+
+
+def test_declarations_are_validated():
+    power = Variable("power", ("unknown", "off", "on"))
+    with pytest.raises(ValueError, match="mutation 'x': unknown variable 'pwr'"):
+        Graph([power], [Mutation("x", {"pwr": ("off", "on")})])
+    with pytest.raises(
+        ValueError, match=r"mutation 'x': power has no value 'up' \(values: unknown, off, on\)"
+    ):
+        Graph([power], [Mutation("x", {"power": ("off", "up")})])
+    with pytest.raises(ValueError, match="mutation 'x': power has no value 'hang'"):
+        Graph([power], [Mutation("x", {"power": ("off", "on")}, fail_to={"power": "hang"})])
+    with pytest.raises(ValueError, match="changed variable cannot also be guarded"):
+        Graph([power], [Mutation("x", {"power": ("off", "on")}, requires={"power": "off"})])
+    with pytest.raises(ValueError, match="declared twice"):
+        Graph([power], [Mutation("x", {"power": ("off", "on")})] * 2)
+    with pytest.raises(ValueError, match="default 'unknown' is not a value"):
+        Variable("power", ("off", "on"))
+    with pytest.raises(ValueError, match="changes nothing"):
+        Mutation("x", {})
+    graph = Graph([power], [])
+    with pytest.raises(ValueError, match="power has no value 'up'"):
+        graph.state({"power": "up"})
+
+
+# -- driving nodes --------------------------------------------------------------------
+
+
+@scenario
+async def test_advance_fires_next_edge_when_the_change_is_observed(caplog):
+    caplog.set_level(logging.INFO, "layerpy.engine")
+    world = World()
+    world.engine.add_node("cn1", WANT_UP, OFF)
+    await world.settle()
+    assert world.calls == [("cn1", "power_on")]
+    assert world.explain()["current"] == {
+        "mutation": "power.on", "action": "power_on", "status": "waiting",
+        "elapsed": 0.0, "deadline": 30.0,
+    }  # fmt: skip
+    assert world.engine.plan("cn1") == ["power.on", "boot.wait"]
+
+    world.clock.now += 2.1
+    world.engine.observe("cn1", power="on")
+    await world.settle()
+    assert world.explain()["current"]["mutation"] == "boot.wait"
+    world.engine.observe("cn1", run="booting")  # on course: no change of plan
+    world.clock.now += 5
+    world.engine.observe("cn1", run="ready")
+    await world.settle()
+    info = world.explain()
+    assert info["converged"] and info["current"] is None and info["plan"] == []
+    assert world.engine.stats() == {
+        "nodes": 1, "actions": 0, "converged": 1, "in_flight": 0, "blocked": 0,
+        "gave_up": 0, "failures": 0,
+    }  # fmt: skip
+    assert caplog.messages == [
+        "cn1: fire power.on",
+        "cn1: power.on done in 2.1 s",
+        "cn1: fire boot.wait",
+        "cn1: boot.wait done in 5.0 s",
+    ]
+
+
+@scenario
+async def test_surprise_cancels_and_replans(caplog):
+    caplog.set_level(logging.INFO, "layerpy.engine")
+    world = World()
+    world.hung.add("power_on")
+    world.engine.add_node("cn1", WANT_UP, OFF)
+    await world.settle()
+    world.engine.observe("cn1", power="hang")  # neither off nor on: power.on is moot
+    await world.settle()
+    assert "cn1: power.on interrupted by power=hang, re-planning" in caplog.messages
+    assert world.calls == [("cn1", "power_on"), ("cn1", "power_cycle")]
+    assert world.explain()["current"]["mutation"] == "power.cycle"
+    assert world.explain()["failures"] == []
+    assert world.engine.stats()["actions"] == 0  # the hung power_on was cancelled
+
+
+@scenario
+async def test_broken_requirement_is_a_surprise():
+    world = World()
+    world.engine.add_node("cn1", WANT_UP, {**UP, "run": "unknown"})
+    await world.settle()
+    assert world.explain()["current"]["mutation"] == "boot.wait"
+    world.engine.observe("cn1", power="off")  # boot.wait requires power=on
+    await world.settle()
+    assert world.explain()["current"]["mutation"] == "power.on"
+
+
+@scenario
+async def test_unrelated_observation_keeps_course():
+    world = World()
+    world.engine.add_node("cn1", WANT_UP, OFF)
+    await world.settle()
+    world.engine.observe("cn1", busy="busy")
+    await world.settle(1)
+    current = world.explain()["current"]
+    assert current["mutation"] == "power.on" and current["deadline"] == 29.0
+    assert world.calls == [("cn1", "power_on")]
+
+
+@scenario
+async def test_timeout_falls_to_fail_to_and_recovers_by_cycling(caplog):
+    world = World()
+    world.effects["power_cycle"] = {"power": "on"}
+    world.engine.add_node("cn1", WANT_UP, {**UP, "run": "unknown"})
+    await world.settle()
+    assert world.explain()["current"]["mutation"] == "boot.wait"
+    await world.settle(119)
+    assert world.explain()["current"]["deadline"] == 1.0
+    await world.settle(1)
+    info = world.explain()
+    assert info["dsc"]["power"] == "hang"
+    assert info["failures"] == [
+        {"mutation": "boot.wait", "reason": "timed out after 120 s", "at": 120.0, "ago": 0.0}
+    ]
+    assert info["retry_in"] == 1.0 and info["plan"] == ["power.cycle", "boot.wait"]
+    assert "cn1: boot.wait timed out after 120 s -> power=hang" in caplog.messages
+    await world.settle(1)  # backoff over: cycle, whose observed power=on leads to boot.wait
+    assert world.calls == [("cn1", "power_cycle")]
+    assert world.explain()["current"]["mutation"] == "boot.wait"
+    world.engine.observe("cn1", run="ready")
+    await world.settle()
+    assert world.explain()["converged"] and world.explain()["attempts"] == 0
+
+
+@scenario
+async def test_action_failure_backs_off_exponentially_then_gives_up():
+    world = World(max_failures=3)
+    world.effects = {"power_on": RuntimeError("BMC unreachable"), "power_status": {"power": "off"}}
+    world.engine.add_node("cn1", WANT_UP, OFF)
+    await world.settle()
+    info = world.explain()
+    assert info["dsc"]["power"] == "error" and info["retry_in"] == 1.0
+    assert info["failures"][0]["reason"] == "failed: BMC unreachable"
+    await world.settle(0.5)
+    assert len(world.calls) == 1  # still backing off
+    await world.settle(0.5)  # retry: status says off, power on fails again
+    assert [a for _, a in world.calls] == ["power_on", "power_status", "power_on"]
+    assert world.explain()["retry_in"] == 2.0
+    await world.settle(2)
+    info = world.explain()
+    assert info["gave_up"] == "gave up after 3 failures; last: power.on failed: BMC unreachable"
+    assert info["attempts"] == 3 and len(info["failures"]) == 3 and info["retry_in"] is None
+    await world.settle(3600)
+    assert len(world.calls) == 5
+    assert world.engine.stats()["gave_up"] == 1
+
+    world.engine.set_cfg("cn1", run=None)  # a cfg change resets the give-up
+    await world.settle()
+    assert world.explain()["gave_up"] is None and world.engine.stats()["gave_up"] == 0
+    assert [a for _, a in world.calls][5:] == ["power_status", "power_on"]
+
+
+@scenario
+async def test_fresh_observation_resets_the_give_up():
+    world = World(max_failures=1)
+    world.effects["power_on"] = RuntimeError("BMC unreachable")
+    world.engine.add_node("cn1", WANT_UP, OFF)
+    await world.settle()
+    assert world.explain()["gave_up"]
+    world.engine.observe("cn1", power="error")  # no news
+    await world.settle()
+    assert world.explain()["gave_up"]
+    world.engine.observe("cn1", power="off")
+    await world.settle()
+    assert world.calls == [("cn1", "power_on")] * 2
+
+
+@scenario
+async def test_finding_out_is_done_by_any_news(caplog):
+    caplog.set_level(logging.INFO, "layerpy.engine")
+    world = World()
+    world.engine.add_node("cn1", WANT_UP, {**OFF, "power": "error"})
+    await world.settle()
+    assert world.calls == [("cn1", "power_status")]
+    world.engine.observe("cn1", power="error")  # no news: still finding out
+    assert world.explain()["current"]["mutation"] == "power.retry"
+    world.engine.observe("cn1", power="on")
+    await world.settle()
+    assert "cn1: power.retry done in 0.0 s" in caplog.messages
+    assert world.explain()["current"]["mutation"] == "boot.wait"
+
+
+@scenario
+async def test_firing_forgets_what_can_no_longer_be_known():
+    world = World()
+    world.engine.add_node("cn1", {"power": "off"}, UP)
+    await world.settle()
+    info = world.explain()
+    assert info["current"]["mutation"] == "power.off"
+    assert info["dsc"] == {"power": "on", "run": "unknown", "busy": "free"}
+
+
+@scenario
+async def test_busy_excludes_power_off_until_free(caplog):
+    caplog.set_level(logging.INFO, "layerpy.engine")
+    world = World()
+    world.engine.add_node("cn1", {"power": "off"}, {**UP, "busy": "busy"})
+    await world.settle(5)
+    with pytest.raises(NoPath, match=r"power\.off is blocked by busy=busy"):
+        world.engine.plan("cn1")
+    info = world.explain()
+    assert info["blocked"] == "power.off is blocked by busy=busy" and not info["converged"]
+    assert world.calls == [] and world.engine.stats()["blocked"] == 1
+    assert caplog.messages == ["cn1: waiting: power.off is blocked by busy=busy"]
+    world.engine.observe("cn1", busy="free")
+    await world.settle()
+    assert world.calls == [("cn1", "power_off")] and world.engine.stats()["blocked"] == 0
+
+
+@scenario
+async def test_actions_are_bounded_and_a_slow_node_holds_up_no_other():
+    world = World(max_actions=2)
+    world.hung.add("power_on")
+    for i in range(4):
+        world.engine.add_node(f"cn{i}", WANT_UP, OFF)
+    world.engine.add_node("up", WANT_UP, {**UP, "run": "lost"})
+    await world.settle()
+    assert len(world.calls) == 2 and world.engine.stats()["actions"] == 2
+    assert world.explain("cn3")["current"] | {"elapsed": 0} == {
+        "mutation": "power.on", "action": "power_on", "status": "queued",
+        "elapsed": 0, "deadline": None,
+    }  # fmt: skip
+    assert world.explain("cn0")["current"]["status"] == "acting"
+    world.engine.observe("up", run="ready")  # the node without an action goes on alone
+    await world.settle()
+    assert world.explain("up")["converged"]
+    await world.settle(100)  # the running ones time out, which frees their slots;
+    assert [f["mutation"] for f in world.explain("cn0")["failures"]] == ["power.on"]
+    assert world.explain("cn3")["failures"] == []  # queued ones had no deadline yet
+    assert world.explain("cn3")["current"]["status"] == "acting"
+
+
+@scenario
+async def test_cfg_change_cancels_the_mutation_only_if_the_plan_changes():
+    world = World()
+    world.engine.add_node("cn1", {"power": "on"}, OFF)
+    await world.settle()
+    world.engine.set_cfg("cn1", run="ready")  # power.on still comes first
+    await world.settle()
+    assert world.explain()["current"]["mutation"] == "power.on"
+    world.engine.set_cfg("cn1", power="off", run=None)
+    await world.settle()
+    assert world.explain()["converged"] and world.engine.stats()["in_flight"] == 0
+
+
+@scenario
+async def test_removing_a_node_cancels_its_action():
+    world = World()
+    world.hung.add("power_on")
+    world.engine.add_node("cn1", WANT_UP, OFF)
+    await world.settle()
+    world.engine.remove_node("cn1")
+    await world.settle()
+    assert world.engine.stats() == dict.fromkeys(
+        ("nodes", "actions", "converged", "in_flight", "blocked", "gave_up", "failures"), 0
+    )
+
+
+@scenario
+async def test_run_sleeps_until_the_next_event():
+    world = World()
+    steps = 0
+    step = world.engine.step
+
+    def counted():
+        nonlocal steps
+        steps += 1
+        return step()
+
+    world.engine.step = counted  # type: ignore[method-assign]
+    world.engine.add_node("cn1", WANT_UP, {**UP, "run": "unknown"})
+    runner = asyncio.create_task(world.engine.run())
+    await asyncio.sleep(0.05)
+    assert world.explain()["current"]["mutation"] == "boot.wait"
+    assert steps <= 3
+    world.engine.observe("cn1", run="ready")
+    await asyncio.sleep(0.01)
+    assert world.explain()["converged"]
+
+    world.hung.add("power_off")
+    world.engine.set_cfg("cn1", power="off", run=None)
+    await asyncio.sleep(0.01)
+    assert world.explain()["current"]["status"] == "acting"
+    runner.cancel()  # stopping abandons what is in flight, so a new run() plans afresh
+    with contextlib.suppress(asyncio.CancelledError):
+        await runner
+    await asyncio.sleep(0)
+    assert world.engine.stats()["actions"] == 0
+    assert world.explain()["current"] is None and world.explain()["plan"] == ["power.off"]
+
+
+@scenario
+async def test_ten_thousand_nodes_converge_quickly():
+    nodes = [f"cn{i:05}" for i in range(10_000)]
+    loop = asyncio.get_running_loop()
+    running = peak = 0
+
+    async def act(node: str, action: str) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0)
+        running -= 1
+        engine.observe(node, power="on")
+        loop.call_soon(functools.partial(engine.observe, node, run="ready"))  # agent reports
+
+    engine = Engine(lifecycle_example(), act, max_actions=64)
+    start = time.perf_counter()
+    for node in nodes:
+        engine.add_node(node, WANT_UP, OFF)
+    runner = asyncio.create_task(engine.run())
+    while engine.stats()["converged"] < len(nodes):
+        await asyncio.sleep(0.01)
+        assert time.perf_counter() - start < 10
+    elapsed = time.perf_counter() - start
+    runner.cancel()
+    assert elapsed < 3, f"{elapsed:.2f} s"
+    assert peak <= 64
+    assert engine.stats()["failures"] == 0 and engine.explain(nodes[-1])["dsc"] == UP
