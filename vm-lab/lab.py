@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import itertools
 import json
 import os
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,8 @@ HERE = Path(__file__).resolve().parent
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
 OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
 FIRMWARES = ("bios", "uefi", "uefi-pxe")
-ANSI = re.compile(rb"\x1b\[[0-9;?=]*[A-Za-z]|\x1b[()][A-Z0-9]")
+BRIDGE_MAC = "02:4c:50:00:00:01"  # locally administered, fixed (see Lab._network)
+ANSI = re.compile(rb"\x1b\[[0-9;?=]*[A-Za-z]")  # SeaBIOS, iPXE and OVMF colour and cursor
 SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes with the NUL
 
 _counter = itertools.count()
@@ -111,13 +114,25 @@ def terminate(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
 
 
 def _signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)  # every child is a session leader: pgid == pid
-    except ProcessLookupError:
-        pass
 
 
-def wait_file(path: Path, pattern: str, timeout: float, start: int = 0, alive=None) -> bool:
+def _delete_netns(name: str) -> None:
+    """SIGKILL whatever still runs inside namespace `name` (only a lab's own), then delete it."""
+    for pid in _sh("ip", "netns", "pids", name, check=False).stdout.split():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+    _sh("ip", "netns", "del", name, check=False)
+
+
+def wait_file(
+    path: Path,
+    pattern: str,
+    timeout: float,
+    start: int = 0,
+    alive: Callable[[], bool] | None = None,
+) -> bool:
     """Poll `path` from byte `start` until regex `pattern` matches (ANSI escapes removed).
 
     Gives up early once ``alive()`` turns false and the file has nothing new to offer.
@@ -209,6 +224,7 @@ class Lab:
         if len(str(self.run_dir / f"{'x' * 11}.qmp")) > SUN_PATH_MAX:
             raise ValueError(f"run_dir too long for a QMP unix socket path: {self.run_dir}")
         self.bridge = bridge
+        self.address = subnet_address.split("/")[0]
         self.netns = f"lplab-{os.getpid()}-{next(_counter)}"
         self.vms: dict[str, Vm] = {}
         self.procs: list[subprocess.Popen] = []
@@ -228,19 +244,19 @@ class Lab:
     def _network(self, subnet_address: str) -> None:
         """lo, and a quiet bridge: no STP, no forward delay, LLDP forwarded, IPv6 link-local.
 
-        fe80::1 is added without DAD so the RA responder has a source address even before
-        any tap brings the bridge's carrier up.
+        The bridge gets a fixed MAC: left alone it takes the lowest port MAC, so the server's
+        MAC would change under the guests' ARP caches whenever a VM is added. No DAD: the
+        link-local address (the RA source) is usable as soon as a tap brings carrier up.
         """
         br = self.bridge
         self.run(["ip", "link", "set", "lo", "up"])
-        self.run(
-            ["ip", "link", "add", br, "type", "bridge", "stp_state", "0", "forward_delay", "0"]
-            + ["group_fwd_mask", "0x4000", "mcast_snooping", "0"]
-        )
+        opts = ["stp_state", "0", "forward_delay", "0", "group_fwd_mask", "0x4000"]
+        opts += ["mcast_snooping", "0"]  # multicast floods like on a hub: RS reach ra.py
+        self.run(["ip", "link", "add", br, "address", BRIDGE_MAC, "type", "bridge", *opts])
         self.run(["sysctl", "-qw", f"net.ipv6.conf.{br}.disable_ipv6=0"])
         self.run(["sysctl", "-qw", f"net.ipv6.conf.{br}.accept_ra=0"])
+        self.run(["sysctl", "-qw", f"net.ipv6.conf.{br}.accept_dad=0"])
         self.run(["ip", "addr", "add", subnet_address, "dev", br])
-        self.run(["ip", "addr", "add", "fe80::1/64", "dev", br, "nodad"])
         self.run(["ip", "link", "set", br, "up"])
 
     def cmd(self, cmd: list[str]) -> list[str]:
@@ -254,16 +270,10 @@ class Lab:
 
     def popen(self, cmd: list[str], log: Path | None = None, **kw: Any) -> subprocess.Popen:
         """Start a tracked process inside the namespace, output to `log` if given."""
-        if log is None:
-            return self._track(subprocess.Popen(self.cmd(cmd), start_new_session=True, **kw))
-        with open(log, "ab") as out:
+        with open(log, "ab") if log else contextlib.nullcontext() as out:
             proc = subprocess.Popen(
-                self.cmd(cmd), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                start_new_session=True, **kw,
-            )  # fmt: skip
-        return self._track(proc)
-
-    def _track(self, proc: subprocess.Popen) -> subprocess.Popen:
+                self.cmd(cmd), stdout=out, stderr=out, start_new_session=True, **kw
+            )
         self.procs.append(proc)
         return proc
 
@@ -273,6 +283,8 @@ class Lab:
             raise ValueError(f"{spec.name} is already running")
         if self.run(["ip", "link", "show", spec.tap], check=False).returncode:
             self.run(["ip", "tuntap", "add", "dev", spec.tap, "mode", "tap"])
+            # a bridge port needs no IPv6 of its own: keeps the host's RS/DAD off the VM
+            self.run(["sysctl", "-qw", f"net.ipv6.conf.{spec.tap}.disable_ipv6=1"])
             self.run(["ip", "link", "set", spec.tap, "master", self.bridge, "up"])
         if spec.firmware != "bios" and not (self.run_dir / f"{spec.name}.vars.fd").exists():
             shutil.copyfile(OVMF_VARS, self.run_dir / f"{spec.name}.vars.fd")
@@ -295,13 +307,7 @@ class Lab:
         if self not in _open_labs:
             return
         terminate(self.procs)
-        leftovers = _sh("ip", "netns", "pids", self.netns, check=False).stdout.split()
-        for pid in leftovers:  # only processes inside the lab's own namespace
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        _sh("ip", "netns", "del", self.netns, check=False)
+        _delete_netns(self.netns)
         _open_labs.discard(self)
 
     def __enter__(self) -> Lab:
@@ -333,3 +339,143 @@ def _exit_on_sigterm() -> None:
 
 
 atexit.register(_close_all)
+
+
+def cleanup_stale() -> list[str]:
+    """Delete labs whose creating process is gone (it was SIGKILLed): kill what is inside."""
+    removed = []
+    for line in _sh("ip", "netns", "list").stdout.splitlines():
+        name = line.split()[0]
+        owner = re.fullmatch(r"lplab-(\d+)-\d+", name)
+        if not owner or Path(f"/proc/{owner[1]}").exists():
+            continue
+        _delete_netns(name)
+        removed.append(name)
+    return removed
+
+
+# --- self-test: boot each firmware against a stand-in server -------------------------------
+
+
+def standin_server(lab: Lab) -> None:
+    """busybox udhcpd + tftp-hpa on the lab bridge, serving ipxe.efi: enough to watch each
+    firmware get a lease and (UEFI PXE) chain-load iPXE, before layerpy serves anything.
+
+    /usr/lib/ipxe/ipxe.efi is a symlink to /boot/ipxe.efi, outside any TFTP root: copy it.
+    """
+    root = lab.run_dir / "tftp"
+    root.mkdir(exist_ok=True)
+    shutil.copyfile("/usr/lib/ipxe/ipxe.efi", root / "ipxe.efi")
+    prefix = lab.address.rsplit(".", 1)[0]
+    conf = lab.run_dir / "udhcpd.conf"
+    conf.write_text(
+        f"interface {lab.bridge}\nstart {prefix}.100\nend {prefix}.110\n"
+        f"lease_file {lab.run_dir / 'udhcpd.leases'}\npidfile {lab.run_dir / 'udhcpd.pid'}\n"
+        f"opt subnet 255.255.255.0\nsiaddr {lab.address}\nboot_file ipxe.efi\n"
+        "opt 175 b00101\n"  # iPXE encapsulated 176 (no-pxedhcp) = 1: no ProxyDHCP wait
+    )
+    (lab.run_dir / "udhcpd.leases").touch()
+    lab.popen(["busybox", "udhcpd", "-f", "-a", "0", str(conf)], log=lab.run_dir / "udhcpd.log")
+    tftpd = ["in.tftpd", "--foreground", "--listen", "--address", f"{lab.address}:69"]
+    lab.popen([*tftpd, "--secure", str(root)], log=lab.run_dir / "tftpd.log")
+
+
+# What each firmware prints on its serial console on the way to a configured iPXE.
+MILESTONES = {
+    "bios": [("SeaBIOS", "SeaBIOS"), ("iPXE ROM", r"iPXE \(PCI")],
+    "uefi": [("iPXE EFI", r"iPXE 1\.")],
+    "uefi-pxe": [
+        ("OVMF PXE", r">>Start PXE over IPv4"),
+        ("PXE lease", r"Station IP address is"),
+        ("TFTP NBP", r"NBP filesize is [1-9]"),
+        ("iPXE EFI", r"iPXE 1\."),
+    ],
+}
+IFCONF = [("ifconf start", r"Configuring \(net0"), ("ifconf ok", r"Configuring \(net0.*ok")]
+
+
+def watch(steps: list[tuple[str, Path, str]], since: float, timeout: float) -> dict[str, float]:
+    """Seconds from `since` until each (label, file, regex) first matches, watched together."""
+    times: dict[str, float] = {}
+    while len(times) < len(steps) and time.monotonic() - since < timeout:
+        for label, path, pattern in steps:
+            if label not in times and wait_file(path, pattern, 0):
+                times[label] = time.monotonic() - since
+        time.sleep(0.05)
+    return times
+
+
+def boot_once(
+    run_dir: Path, firmware: str, ra: bool, timeout: float = 120
+) -> tuple[dict[str, float], int]:
+    """Boot one VM in a fresh lab, then stop/cont and reset it.
+
+    Returns seconds from QEMU start to each milestone reached, and QEMU's pid.
+    """
+    shutil.rmtree(run_dir, ignore_errors=True)  # logs are appended to: start clean
+    with Lab(run_dir, ra=ra) as lab:
+        standin_server(lab)
+        start = time.monotonic()
+        vm = lab.add_vm(VmSpec("vm1", "52:54:00:99:00:11", firmware))
+        steps = [(label, vm.serial_log, regex) for label, regex in MILESTONES[firmware] + IFCONF]
+        steps.append(("1st OFFER", lab.run_dir / "udhcpd.log", "sending OFFER"))
+        times = watch(steps, start, timeout)
+        vm.stop()
+        if vm.qmp("query-status")["status"] == "paused":
+            vm.cont()
+            start = time.monotonic()
+            vm.reset()  # the same QEMU must boot again: no -no-reboot
+            if vm.wait_serial(MILESTONES[firmware][0][1], timeout):
+                times["stop/cont+reset to 1st"] = time.monotonic() - start
+    return times, vm.pid
+
+
+def selftest(run_dir: Path) -> bool:
+    """Boot every firmware with and without the RA responder; check teardown left nothing."""
+    qemu_pids: list[int] = []
+    ok = True
+    for firmware in FIRMWARES:
+        for ra in (True, False):
+            case_dir = run_dir / f"{firmware}-{'ra' if ra else 'nora'}"
+            times, pid = boot_once(case_dir, firmware, ra)
+            qemu_pids.append(pid)
+            ok &= len(times) == len(MILESTONES[firmware]) + len(IFCONF) + 2
+            ifconf = times.get("ifconf ok", 0) - times.get("ifconf start", 0)
+            steps = ", ".join(f"{k} {v:.1f}" for k, v in times.items())
+            print(f"{case_dir.name:14} ifconf {ifconf:5.1f}s | {steps}", flush=True)
+    prefix = f"lplab-{os.getpid()}-"
+    mine = [n for n in _sh("ip", "netns", "list").stdout.split() if n.startswith(prefix)]
+    alive = [pid for pid in qemu_pids if Path(f"/proc/{pid}").exists()]
+    print(f"after teardown: lab namespaces {mine}, QEMU pids {qemu_pids} still alive {alive}")
+    return ok and not mine and not alive
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start a lab with VMs and keep it until Ctrl-C or SIGTERM")
+    up.add_argument("--vms", required=True, help="name:mac[:bios|uefi|uefi-pxe],...")
+    up.add_argument("--run-dir", type=Path, required=True)
+    up.add_argument("--address", default="10.99.0.1/24", help="bridge address (server side)")
+    up.add_argument("--no-ra", action="store_true", help="no router advertisements")
+    test = sub.add_parser("selftest", help="boot each firmware against busybox udhcpd")
+    test.add_argument("--run-dir", type=Path, default=Path("/tmp/lplab-selftest"))
+    sub.add_parser("cleanup", help="delete labs left by processes that were SIGKILLed")
+    args = parser.parse_args(argv)
+    if args.command == "selftest":
+        return 0 if selftest(args.run_dir) else 1
+    if args.command == "cleanup":
+        print("\n".join(cleanup_stale()) or "nothing stale")
+        return 0
+    specs = [VmSpec.parse(text) for text in args.vms.split(",")]
+    with Lab(args.run_dir, subnet_address=args.address, ra=not args.no_ra) as lab:
+        for spec in specs:
+            vm = lab.add_vm(spec)
+            print(f"{spec.name}: pid {vm.pid} serial {vm.serial_log} qmp {vm.qmp_path}")
+        print(f"netns {lab.netns}: ip netns exec {lab.netns} ...  (Ctrl-C tears down)", flush=True)
+        while True:
+            signal.pause()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

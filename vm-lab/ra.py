@@ -12,6 +12,8 @@ Run it inside the lab namespace only: ``ra.py br0``. Standard library only.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import select
 import socket
 import struct
@@ -68,8 +70,9 @@ def serve(ifname: str, interval: float) -> None:
             if ready or time.monotonic() >= next_at:
                 try:
                     sock.sendto(packet, destination)
-                except OSError as exc:  # e.g. no usable link-local source yet
-                    print(f"ra: send on {ifname} failed: {exc}", file=sys.stderr, flush=True)
+                except OSError as exc:
+                    if exc.errno != errno.ENETUNREACH:  # no carrier yet: nobody to tell
+                        print(f"ra: send on {ifname}: {exc}", file=sys.stderr, flush=True)
                 next_at = time.monotonic() + interval
 
 
@@ -78,10 +81,8 @@ def main() -> None:
     parser.add_argument("interface")
     parser.add_argument("--interval", type=float, default=3.0, help="unsolicited RA period (s)")
     args = parser.parse_args()
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         serve(args.interface, args.interval)
-    except KeyboardInterrupt:
-        pass
 
 
 if __name__ == "__main__":
