@@ -333,11 +333,17 @@ class _Reader:
         )
         if server and server.dhcp != "off":
             for key, name in (("bios", ipxe.bios), ("uefi", ipxe.uefi)):
-                if not (directory / name).is_file():
+                path = directory / name
+                if not path.is_file():
                     self.problem(
                         f"ipxe.{key}",
-                        f"{directory / name} does not exist (install Debian's ipxe package "
-                        "or set ipxe.dir)",
+                        f"{path} does not exist (install Debian's ipxe package or set ipxe.dir)",
+                    )
+                elif not path.resolve().is_relative_to(directory.resolve()):
+                    self.problem(
+                        f"ipxe.{key}",
+                        f"{path} links to {path.resolve()}, outside ipxe.dir, and TFTP serves "
+                        "only what is inside it (pick another file or point ipxe.dir there)",
                     )
         return ipxe
 

@@ -253,3 +253,11 @@ def test_broken_power(write, change, expected) -> None:
         expected.format(dir=path.parent)
     ]
     assert "s3cret" not in raised.value.render()
+
+
+def test_ipxe_binary_linking_out_of_the_tftp_root(write) -> None:
+    path = write(VALID.replace('dir = "ipxe"', 'dir = "ipxe"\nuefi = "linked.efi"'))
+    (path.parent / "elsewhere.efi").write_bytes(b"x")
+    (path.parent / "ipxe" / "linked.efi").symlink_to(path.parent / "elsewhere.efi")
+    with pytest.raises(ConfigError, match=r"outside ipxe\.dir, and TFTP serves only what is inside it"):
+        load(path)
