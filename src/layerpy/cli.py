@@ -28,6 +28,10 @@ CONFIG_OPTION = click.option(
     help="The node file (TOML).",
 )
 
+OPTIONAL_CONFIG = click.option("-c", "--config", "config_path", type=click.Path(path_type=Path))
+SERVER_OPTION = click.option(
+    "--server", "server_url", help="Server URL (default: 127.0.0.1 and the node file's port)."
+)
 console = Console()
 
 
@@ -90,8 +94,8 @@ def check(config_path: Path) -> None:
 
 
 @main.command()
-@click.option("-c", "--config", "config_path", type=click.Path(path_type=Path))
-@click.option("--server", "server_url", help="Server URL (default: from the node file).")
+@OPTIONAL_CONFIG
+@SERVER_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
 def status(config_path: Path | None, server_url: str | None, as_json: bool) -> None:
     """Show every node's run state and the timeline of its current boot."""
@@ -124,6 +128,62 @@ def reload(config_path: Path) -> None:
         sys.exit(2)
     for key in ("added", "removed", "changed"):
         click.echo(f"{key:8} {', '.join(answer[key]) or '-'}")
+
+
+SERVER_OPTION = click.option(
+    "--server", "server_url", help="Server URL (default: from the node file)."
+)
+OPTIONAL_CONFIG = click.option("-c", "--config", "config_path", type=click.Path(path_type=Path))
+
+
+@main.command()
+@click.argument("action", type=click.Choice(["on", "off", "cycle", "clear", "status"]))
+@click.argument("nodes")
+@OPTIONAL_CONFIG
+@SERVER_OPTION
+def power(action: str, nodes: str, config_path: Path | None, server_url: str | None) -> None:
+    """Power NODES (a hostlist) on, off, cycle them, clear overrides, or show status.
+
+    on and off change the desired state until `clear` or until the node file changes;
+    the server then keeps the nodes so (a busy node is not powered off until free)."""
+    base = _server_url(config_path, server_url)
+    answer = _api(base, "/api/v1/power", "POST", {"nodes": nodes, "action": action})
+    table = Table("node", "power", "desired", "override", "error")
+    for name, state in answer.items():
+        desired = state["desired"] if state["controlled"] else "(no bmc)"
+        table.add_row(name, state["power"], desired, "yes" if state["override"] else "",
+                      state["error"] or "")  # fmt: skip
+    console.print(table)
+
+
+@main.command()
+@OPTIONAL_CONFIG
+@SERVER_OPTION
+def plan(config_path: Path | None, server_url: str | None) -> None:
+    """For each node: what is (dsc), what should be (cfg), and the engine's path between."""
+    table = Table("node", "dsc", "cfg", "path")
+    for entry in _api(_server_url(config_path, server_url), "/api/v1/plan"):
+        path = entry["path"]
+        if path is None or isinstance(path, str):
+            shown = path or "(no bmc: observed, not driven)"
+        else:
+            shown = " → ".join(path) or "(converged)"
+        table.add_row(entry["name"], _values(entry["dsc"]), _values(entry["cfg"]), shown)
+    console.print(table)
+
+
+@main.command()
+@click.argument("node")
+@OPTIONAL_CONFIG
+@SERVER_OPTION
+def explain(node: str, config_path: Path | None, server_url: str | None) -> None:
+    """Why a node is as it is: cfg vs dsc, the mutation in flight, recent failures."""
+    answer = _api(_server_url(config_path, server_url), f"/api/v1/nodes/{node}/explain")
+    click.echo(json.dumps(answer, indent=2))
+
+
+def _values(values: dict[str, str]) -> str:
+    return " ".join(f"{key}={value}" for key, value in values.items())
 
 
 def _server_url(config_path: Path | None, server_url: str | None) -> str:

@@ -14,6 +14,7 @@ from aiohttp import web
 from layerpy.boot import BootPolicy
 from layerpy.config import Config, ConfigError, ReloadRefused, load
 from layerpy.inventory import Inventory
+from layerpy.lifecycle import Lifecycle
 from layerpy.services.dhcp import start_dhcp
 from layerpy.services.http import build_app
 from layerpy.services.tftp import TftpEvent, start_tftp
@@ -29,6 +30,7 @@ class Server:
         self.stats = Stats()
         self.inventory = Inventory(config)
         self.policy = BootPolicy(self.inventory)
+        self.lifecycle = Lifecycle(self.inventory, config.server.power_poll)
         self._closers: list[object] = []
         self._runner: web.AppRunner | None = None
 
@@ -41,7 +43,7 @@ class Server:
             return config
         return replace(config, server=replace(config.server, state_dir=self.state_dir))
 
-    def reload(self) -> dict[str, list[str]]:
+    async def reload(self) -> dict[str, list[str]]:
         """Re-read the node file and apply it whole, or refuse it whole."""
         try:
             config = self._with_overrides(load(self.config.path))
@@ -54,6 +56,7 @@ class Server:
             log.error("reload refused, the running configuration stays: %s", problem)
             raise ReloadRefused([problem])
         added, removed, changed = self.inventory.apply(config)
+        await self.lifecycle.applied(config, added, removed, changed)
         log.info(
             "reloaded %s: %d nodes, added %s, removed %s, changed %s", config.path,
             len(config.nodes), _names(added), _names(removed), _names(changed),
@@ -62,7 +65,9 @@ class Server:
 
     async def start(self) -> None:
         server = self.config.server
-        app = build_app(self.policy, self.stats, self.reload, log_requests=server.log_requests)
+        app = build_app(
+            self.policy, self.stats, self.reload, self.lifecycle, log_requests=server.log_requests
+        )
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         for host in dict.fromkeys((str(server.address), "127.0.0.1")):
@@ -96,7 +101,13 @@ class Server:
             self.inventory.mark(node, "tftp")
 
     async def watch(self) -> None:
-        """Continuous checks: nodes that stop reporting become lost."""
+        """Continuous work: the engine, BMC polls, and nodes that stop reporting."""
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self.lifecycle.engine.run())
+            tasks.create_task(self.lifecycle.watch())
+            tasks.create_task(self._check_lost())
+
+    async def _check_lost(self) -> None:
         interval = max(0.5, self.config.server.heartbeat / 2)
         while True:
             await asyncio.sleep(interval)
@@ -109,6 +120,7 @@ class Server:
                 await result
         if self._runner is not None:
             await self._runner.cleanup()
+        await self.lifecycle.close()
 
 
 def _names(names: set[str]) -> str:
@@ -123,11 +135,18 @@ async def serve(config: Config, *, state_dir: Path | None = None) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
 
-    def reload_on_signal() -> None:
+    async def reload_on_signal() -> None:
         with contextlib.suppress(ReloadRefused):  # already logged, the old file stays
-            server.reload()
+            await server.reload()
 
-    loop.add_signal_handler(signal.SIGHUP, reload_on_signal)
+    reloads: set[asyncio.Task[None]] = set()
+
+    def on_hangup() -> None:
+        task = loop.create_task(reload_on_signal())
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_hangup)
     await server.start()
     log.info("serving %d nodes from %s", len(config.nodes), config.path)
     watcher = asyncio.create_task(server.watch())

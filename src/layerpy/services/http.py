@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 from aiohttp import web
 
+from layerpy import hostlist
 from layerpy.boot import BootPolicy
 from layerpy.config import ReloadRefused
 from layerpy.inventory import Inventory, ReportRejected
@@ -16,23 +19,38 @@ from layerpy.stats import Stats
 log = logging.getLogger("layerpy.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+POWER_ACTIONS = ("on", "off", "cycle", "clear", "status")
+
+
+class PowerControl(Protocol):
+    """What the API needs of the lifecycle (kept abstract: services never import power)."""
+
+    def override(self, name: str, power: str | None) -> None: ...
+    async def cycle(self, name: str) -> None: ...
+    def status(self, name: str) -> dict[str, Any]: ...
+    def plan(self, name: str) -> dict[str, Any]: ...
+    def explain(self, name: str) -> dict[str, Any]: ...
+
 
 POLICY: web.AppKey[BootPolicy] = web.AppKey("policy", BootPolicy)
 INVENTORY: web.AppKey[Inventory] = web.AppKey("inventory", Inventory)
 STATS: web.AppKey[Stats] = web.AppKey("stats", Stats)
 LOG_REQUESTS: web.AppKey[bool] = web.AppKey("log_requests", bool)
-RELOAD: web.AppKey[Callable[[], dict[str, list[str]]]] = web.AppKey("reload")
+RELOAD: web.AppKey[Callable[[], Awaitable[dict[str, list[str]]]]] = web.AppKey("reload")
+POWER: web.AppKey[PowerControl] = web.AppKey("power")
 
 
 def build_app(
     policy: BootPolicy,
     stats: Stats,
-    reload: Callable[[], dict[str, list[str]]],
+    reload: Callable[[], Awaitable[dict[str, list[str]]]],
+    power: PowerControl,
     *,
     log_requests: bool = False,
 ) -> web.Application:
     app = web.Application(middlewares=[_profile], client_max_size=1024 * 1024)
     app[RELOAD] = reload
+    app[POWER] = power
     app[POLICY] = policy
     app[INVENTORY] = policy.inventory
     app[STATS] = stats
@@ -49,6 +67,9 @@ def build_app(
             web.get("/api/v1/stats", show_stats),
             web.get("/metrics", metrics),
             web.post("/api/v1/reload", reload_config),
+            web.post("/api/v1/power", power_action),
+            web.get("/api/v1/plan", plan),
+            web.get("/api/v1/nodes/{name}/explain", explain),
         ]
     )
     return app
@@ -119,9 +140,61 @@ async def agent_report(request: web.Request) -> web.Response:
 
 async def reload_config(request: web.Request) -> web.Response:
     try:
-        return web.json_response(request.app[RELOAD]())
+        return web.json_response(await request.app[RELOAD]())
     except ReloadRefused as refused:
         return web.json_response({"problems": refused.problems}, status=400)
+
+
+async def power_action(request: web.Request) -> web.Response:
+    """``{"nodes": "cn[001-004]", "action": "on|off|cycle|clear|status"}``; on and off
+    override the desired power until cleared or the node file changes."""
+    body = await _json_object(request)
+    action, expression = body.get("action"), body.get("nodes")
+    if action not in POWER_ACTIONS or not isinstance(expression, str):
+        raise web.HTTPBadRequest(
+            text=f"need nodes (a hostlist) and action (one of {', '.join(POWER_ACTIONS)})\n"
+        )
+    names = _expand_nodes(request, expression)
+    power = request.app[POWER]
+    if action in ("on", "off", "clear"):
+        for name in names:
+            power.override(name, None if action == "clear" else action)
+    elif action == "cycle":
+        await asyncio.gather(*(power.cycle(name) for name in names))
+    return web.json_response({name: power.status(name) for name in names})
+
+
+async def plan(request: web.Request) -> web.Response:
+    power = request.app[POWER]
+    return web.json_response([power.plan(name) for name in request.app[INVENTORY].nodes])
+
+
+async def explain(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    _expand_nodes(request, name)
+    return web.json_response(request.app[POWER].explain(name))
+
+
+async def _json_object(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise web.HTTPBadRequest(text="the body must be JSON\n") from None
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(text="the body must be a JSON object\n")
+    return body
+
+
+def _expand_nodes(request: web.Request, expression: str) -> list[str]:
+    """Node names from a hostlist; 404 naming the ones that are not in the file."""
+    try:
+        names = hostlist.expand(expression)
+    except hostlist.HostlistError as error:
+        raise web.HTTPBadRequest(text=f"{error}\n") from None
+    missing = [name for name in names if name not in request.app[INVENTORY].nodes]
+    if missing:
+        raise web.HTTPNotFound(text=f"not in the node file: {', '.join(missing)}\n")
+    return names
 
 
 async def list_nodes(request: web.Request) -> web.Response:

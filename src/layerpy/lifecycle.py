@@ -1,0 +1,242 @@
+"""The node lifecycle as data, and the binding of the state engine to the world.
+
+Three variables per node: ``power`` (from BMC polls), ``run`` (from the boot services and
+agent reports) and ``busy`` (from agent reports). The mutations below are the only ways
+layerpy changes a node; ``layerpy plan`` and ``layerpy explain`` read the same table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from layerpy.config import Config, NodeConfig
+from layerpy.engine import ANY, Engine, Graph, Mutation, NoPath, Variable
+from layerpy.inventory import Inventory
+from layerpy.model import Node, RunState
+from layerpy.power import PowerDriver, PowerError, make_driver
+
+log = logging.getLogger("layerpy.power")
+
+VARIABLES = (
+    Variable("power", ("unknown", "off", "on", "hang", "error")),
+    Variable("run", ("unknown", "booting", "init", "ready", "lost", "error")),
+    Variable("busy", ("unknown", "free", "busy")),
+)
+
+ON = frozenset({"on"})
+BOOT_TIMEOUT = 120.0
+
+
+def mutations(boot_timeout: float = BOOT_TIMEOUT) -> tuple[Mutation, ...]:
+    """The lifecycle table: what can change, when, how long it may take, and what a
+    timeout means."""
+    return (
+        Mutation("power.on", {"power": ("off", "on")}, action="power_on",
+                 timeout=30, fail_to={"power": "error"}),
+        Mutation("power.off", {"power": ("on", "off")}, action="power_off",
+                 excludes={"busy": frozenset({"busy"})}, forgets=("run", "busy"),
+                 timeout=30, fail_to={"power": "error"}),
+        Mutation("power.cycle", {"power": ("hang", "on")}, action="power_cycle",
+                 forgets=("run", "busy"), timeout=30, fail_to={"power": "error"}),
+        Mutation("power.off_hung", {"power": ("hang", "off")}, action="power_off",
+                 forgets=("run", "busy"), timeout=30, fail_to={"power": "error"}),
+        Mutation("power.retry", {"power": ("error", "unknown")}, action="power_status",
+                 timeout=30, fail_to={"power": "error"}, cost=5),
+        Mutation("boot.wait", {"run": (ANY, "ready")}, requires={"power": ON},
+                 timeout=boot_timeout, fail_to={"power": "hang"}, cost=2),
+        Mutation("boot.recover", {"run": ("lost", "ready")}, requires={"power": ON},
+                 timeout=10, fail_to={"power": "hang"}),
+    )  # fmt: skip
+
+
+def desired(node: NodeConfig, override: Mapping[str, str] | None = None) -> dict[str, str]:
+    """cfg for a node: the file's power (or a runtime override); a powered node is ready."""
+    power = (override or {}).get("power", node.power)
+    return {"power": "on", "run": "ready"} if power == "on" else {"power": "off"}
+
+
+class Lifecycle:
+    """Feeds observations to the engine and carries out the actions it fires."""
+
+    def __init__(self, inventory: Inventory, poll_interval: float) -> None:
+        self.inventory = inventory
+        self.poll_interval = poll_interval
+        self.overrides: dict[str, dict[str, str]] = {}
+        self.drivers: dict[str, PowerDriver] = {}
+        self.errors: dict[str, str] = {}
+        self.engine = Engine(Graph(VARIABLES, mutations()), self.act)
+        for node in inventory.nodes.values():
+            self._add(node)
+        inventory.on_change = self.observed
+
+    @property
+    def managed(self) -> list[Node]:
+        return [n for n in self.inventory.nodes.values() if n.config.name in self.drivers]
+
+    def _add(self, node: Node) -> None:
+        if node.config.bmc is None:
+            return  # not under layerpy's power control: observed, never driven
+        self.drivers[node.name] = make_driver(node.name, node.config.bmc)
+        self.engine.add_node(node.name, desired(node.config), self._dsc(node))
+
+    @staticmethod
+    def _dsc(node: Node) -> dict[str, str]:
+        return {"power": node.power, "run": str(node.run_state), "busy": node.busy}
+
+    # -- observations ------------------------------------------------------------------
+
+    def observed(self, node: Node) -> None:
+        """The inventory saw a change (run state, busy) on a node."""
+        if node.name in self.drivers:
+            self.engine.observe(node.name, run=str(node.run_state), busy=node.busy)
+
+    def saw_power(self, node: Node, state: str) -> None:
+        # hang is the engine's own conclusion about a node that is "on": a BMC saying
+        # "on" again does not clear it; only a change of state does.
+        if node.power == "hang" and state == "on":
+            return
+        if state == "off" and node.run_state is not RunState.UNKNOWN:
+            self.inventory.forget(node, "powered off")
+        if node.power != state:
+            log.info("%s: power %s -> %s", node.name, node.power, state)
+        node.power = state
+        self.engine.observe(node.name, power=state)
+
+    async def poll(self) -> None:
+        """Poll every BMC, all at once (drivers bound their own concurrency)."""
+        nodes = self.managed
+        results = await asyncio.gather(
+            *(self.drivers[n.name].status() for n in nodes), return_exceptions=True
+        )
+        for node, result in zip(nodes, results, strict=True):
+            if isinstance(result, BaseException):
+                self._failed(node, result)
+            else:
+                self.errors.pop(node.name, None)
+                self.saw_power(node, result)
+
+    def _failed(self, node: Node, error: BaseException) -> None:
+        reason = str(error) if isinstance(error, PowerError) else f"{type(error).__name__}: {error}"
+        if self.errors.get(node.name) != reason:
+            log.error("%s: %s", node.name, reason)
+        self.errors[node.name] = reason
+        node.power = "error"
+        self.engine.observe(node.name, power="error")
+
+    async def watch(self) -> None:
+        while True:
+            await self.poll()
+            await asyncio.sleep(self.poll_interval)
+
+    # -- actions -----------------------------------------------------------------------
+
+    async def act(self, name: str, action: str) -> None:
+        """Carry out one action the engine fired; errors propagate to the engine."""
+        node = self.inventory.nodes[name]
+        driver = self.drivers[name]
+        log.info("%s: %s", name, action.replace("_", " "))
+        try:
+            if action == "power_on":
+                await driver.boot_network_once()
+                await driver.on()
+                self.saw_power(node, "on")
+            elif action == "power_off":
+                await driver.off()
+                self.saw_power(node, "off")
+            elif action == "power_cycle":
+                await driver.boot_network_once()
+                self.inventory.forget(node, "power cycle")
+                await driver.cycle()
+                node.power = "on"
+                self.engine.observe(name, power="on")
+            elif action == "power_status":
+                self.saw_power(node, await driver.status())
+            else:
+                raise ValueError(f"unknown action {action!r}")
+        except PowerError as error:
+            self.errors[name] = str(error)
+            raise
+        self.errors.pop(name, None)
+
+    # -- desired state -----------------------------------------------------------------
+
+    def override(self, name: str, power: str | None) -> None:
+        """A runtime override of desired power (None clears it); lasts until the file changes."""
+        node = self.inventory.nodes[name]
+        if power is None:
+            self.overrides.pop(name, None)
+        else:
+            self.overrides[name] = {"power": power}
+        log.info("%s: desired power %s%s", name, power or node.config.power,
+                 " (override)" if power else " (from the file)")  # fmt: skip
+        self.engine.set_cfg(name, **desired(node.config, self.overrides.get(name)))
+
+    def desired_of(self, name: str) -> dict[str, str]:
+        return desired(self.inventory.nodes[name].config, self.overrides.get(name))
+
+    async def cycle(self, name: str) -> None:
+        """An operator's one-off power cycle (not a change of desired state)."""
+        if name not in self.drivers:
+            return
+        try:
+            await self.act(name, "power_cycle")
+        except PowerError as error:
+            self._failed(self.inventory.nodes[name], error)
+
+    # -- reading -----------------------------------------------------------------------
+
+    def status(self, name: str) -> dict[str, Any]:
+        node = self.inventory.nodes[name]
+        return {
+            "power": node.power,
+            "desired": self.desired_of(name).get("power"),
+            "override": name in self.overrides,
+            "controlled": name in self.drivers,
+            "error": self.errors.get(name),
+        }
+
+    def plan(self, name: str) -> dict[str, Any]:
+        node = self.inventory.nodes[name]
+        managed = name in self.drivers
+        return {
+            "name": name,
+            "dsc": self._dsc(node),
+            "cfg": self.desired_of(name),
+            "path": self._path(name) if managed else None,
+        }
+
+    def _path(self, name: str) -> list[str] | str:
+        try:
+            return self.engine.plan(name)
+        except NoPath as blocked:
+            return f"blocked: {blocked}"
+
+    def explain(self, name: str) -> dict[str, Any]:
+        node = self.inventory.nodes[name]
+        if name not in self.drivers:
+            return {"name": name, "controlled": False, "dsc": self._dsc(node),
+                    "reason": "no bmc in the node file: observed, never driven"}  # fmt: skip
+        return {"name": name, "controlled": True, **self.status(name),
+                **self.engine.explain(name)}  # fmt: skip
+
+    async def applied(self, config: Config, added: set[str], removed: set[str],
+                      changed: set[str]) -> None:  # fmt: skip
+        """A reloaded file: overrides end, changed nodes get their new cfg and drivers."""
+        if added or removed or changed:
+            self.overrides.clear()
+        for name in removed | changed:
+            driver = self.drivers.pop(name, None)
+            if driver is not None:
+                self.engine.remove_node(name)
+                await driver.close()
+        for name in added | changed:
+            self._add(self.inventory.nodes[name])
+        for name in self.drivers:
+            self.engine.set_cfg(name, **desired(config.nodes[name]))
+
+    async def close(self) -> None:
+        for driver in self.drivers.values():
+            await driver.close()
