@@ -259,5 +259,7 @@ def test_ipxe_binary_linking_out_of_the_tftp_root(write) -> None:
     path = write(VALID.replace('dir = "ipxe"', 'dir = "ipxe"\nuefi = "linked.efi"'))
     (path.parent / "elsewhere.efi").write_bytes(b"x")
     (path.parent / "ipxe" / "linked.efi").symlink_to(path.parent / "elsewhere.efi")
-    with pytest.raises(ConfigError, match=r"outside ipxe\.dir, and TFTP serves only what is inside it"):
+    with pytest.raises(
+        ConfigError, match=r"outside ipxe\.dir, and TFTP serves only what is inside it"
+    ):
         load(path)
