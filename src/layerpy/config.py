@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from layerpy import hostlist
+from layerpy.power.base import DRIVERS, PowerSpec
 
 DHCP_MODES = ("authoritative", "off")
 POWER_STATES = ("on", "off")
-POWER_DRIVERS = ("ipmi", "redfish", "qemu", "none")
 BMC_KEYS = {"driver", "address", "user", "password_file", "password_env", "verify_tls", "port"}
 _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -101,26 +101,13 @@ class IpxeConfig:
 
 
 @dataclass(frozen=True)
-class BmcConfig:
-    """How to reach a node's power control; the password is read from a file or the
-    environment at load time and never printed."""
-
-    driver: str
-    address: str | None = None
-    user: str | None = None
-    password: str | None = field(default=None, repr=False)
-    verify_tls: bool = True
-    port: int | None = None
-
-
-@dataclass(frozen=True)
 class NodeConfig:
     name: str
     ip: IPv4Address
     mac: str | None = None
     group: str | None = None
     power: str = "on"
-    bmc: BmcConfig | None = None
+    bmc: PowerSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -420,7 +407,7 @@ class _Reader:
             name, ip or base.ip, mac or base.mac, base.group, power or base.power, bmc or base.bmc
         )
 
-    def bmcs(self, table: Any, prefix: str, names: list[str]) -> list[BmcConfig] | None:
+    def bmcs(self, table: Any, prefix: str, names: list[str]) -> list[PowerSpec] | None:
         """One power spec per node; ``address`` is a hostlist matching the nodes, one
         address for all, or a template with ``{node}`` (e.g. a QMP socket path)."""
         if table is None:
@@ -433,7 +420,7 @@ class _Reader:
                 f"{prefix}.{unknown}", f"unknown key (known keys: {', '.join(sorted(BMC_KEYS))})"
             )
         get = self._getter(table, prefix)
-        driver = get("driver", str, _choice(POWER_DRIVERS), required=True)
+        driver = get("driver", str, _choice(DRIVERS), required=True)
         address = get("address", str)
         password = self.password(table, prefix)
         if driver is None:
@@ -465,7 +452,7 @@ class _Reader:
             "verify_tls": get("verify_tls", bool, default=True),
             "port": get("port", int, _port),
         }
-        return [BmcConfig(address=address, **common) for address in addresses]
+        return [PowerSpec(address=address, **common) for address in addresses]
 
     def password(self, table: dict[str, Any], prefix: str) -> str | None:
         get = self._getter(table, prefix)

@@ -3,11 +3,9 @@ and none. ``make_driver`` builds the one a node's spec names."""
 
 from __future__ import annotations
 
-from layerpy.power.base import PowerDriver, PowerError, PowerSpec
+from layerpy.power.base import DRIVERS, PowerDriver, PowerError, PowerSpec
 
 __all__ = ["NoneDriver", "PowerDriver", "PowerError", "PowerSpec", "make_driver"]
-
-DRIVERS = ("ipmi", "redfish", "qemu", "none")
 
 
 class NoneDriver:

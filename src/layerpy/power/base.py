@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+DRIVERS = ("ipmi", "redfish", "qemu", "none")
+
 
 class PowerError(Exception):
     """A power operation failed; ``str(error)`` is the reason to show a person, naming the
@@ -27,9 +29,10 @@ class PowerSpec:
     verify_tls: bool = True
     port: int | None = None
 
-    def scrub(self, text: str) -> str:
-        """`text` without the password: a safety net for messages built from a library's."""
-        return text.replace(self.password, "***") if self.password else text
+
+def scrub(text: str, password: str | None) -> str:
+    """`text` without the password: a safety net for messages built from a library's."""
+    return text.replace(password, "***") if password else text
 
 
 class PowerDriver(Protocol):

@@ -10,6 +10,9 @@ what follows from it:
   compares the stored (encoded) credentials with the given ones: given ``str``, nothing
   ever matches, and a stale "initting" entry then makes the next ``Command`` for that BMC
   wait for ever. Given ``bytes`` the registry works, so credentials go in as bytes.
+- A command in a logged-in session is retried for about 30 s, with a fresh login on the
+  way, while the worker stays blocked. Limited to three sends without re-login, it gives up
+  after about 5 s, as a login does; the next operation logs in afresh.
 - A reply that arrives before the caller has started waiting is only noticed at the
   retry timer, 0.5-1 s later; under load that hits a third of commands. ``_io_wait`` is
   wrapped to return at once when the session already has packets queued.
@@ -33,7 +36,7 @@ from typing import Any, TypeVar
 from pyghmi.ipmi.command import Command
 from pyghmi.ipmi.private import session as pyghmi_session
 
-from layerpy.power.base import PowerError, PowerSpec
+from layerpy.power.base import PowerError, PowerSpec, scrub
 
 MAX_SESSIONS = 16
 TIMEOUT = 6.0  # seconds per operation, waiting for the BMC's lock included
@@ -98,7 +101,10 @@ class IpmiDriver:
         await self._run(lambda: self._session().set_bootdev("network"))
 
     async def close(self) -> None:
-        await self._run(self._logout)
+        """Log out; a BMC that does not answer forgets the session by itself."""
+        if self._command is not None:
+            with contextlib.suppress(PowerError):
+                await self._run(self._logout)
 
     async def _run(self, operation: Callable[[], T]) -> T:
         """`operation` on a worker thread, as a PowerError within TIMEOUT seconds."""
@@ -119,7 +125,8 @@ class IpmiDriver:
         """The worker thread's part: the BMC's lock, then the operation."""
         started.set()
         if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            raise PowerError(f"{self.node}: BMC {self.address}: an earlier command still runs")
+            reason = "unreachable (an earlier command still waits for an answer)"
+            raise PowerError(f"{self.node}: BMC {self.address} {reason}")
         begun = time.monotonic()
         try:
             result = operation()
@@ -132,14 +139,18 @@ class IpmiDriver:
             text = str(error) if error.args and error.args[0] else ""
             if text in ("", "timeout", "Session no longer connected"):
                 raise self._unreachable(time.monotonic() - begun) from None
-            reason = self.spec.scrub(text)
+            reason = scrub(text, self.spec.password)
             raise PowerError(f"{self.node}: BMC {self.address}: {reason}") from None
         finally:
             self._lock.release()
 
     def _session(self) -> Command:
-        """The session, replaced when idle long enough for the BMC to have dropped it."""
-        if time.monotonic() - self._last_ok > IDLE_REUSE:
+        """The session, replaced when broken (another driver for this BMC may have logged
+        it out: pyghmi shares it) or idle long enough for the BMC to have dropped it."""
+        command = self._command
+        if command and (
+            command.ipmi_session.broken or time.monotonic() - self._last_ok > IDLE_REUSE
+        ):
             self._logout()
         if self._command is None:
             self._command = Command(
@@ -148,6 +159,8 @@ class IpmiDriver:
                 password=(self.spec.password or "").encode(),
                 port=self.port,
             )
+            session = self._command.ipmi_session
+            session.logontries, session.maxtimeout = 0, 3  # see the module doc
         return self._command
 
     def _logout(self) -> None:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from typing import Any
 
 import aiohttp
 from yarl import URL
 
-from layerpy.power.base import PowerError, PowerSpec
+from layerpy.power.base import PowerError, PowerSpec, scrub
 
 TIMEOUT = 5.0  # seconds per request
 SESSIONS = "/redfish/v1/SessionService/Sessions"
@@ -154,7 +155,7 @@ class RedfishDriver:
         if self._http is None:
             self._http = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=TIMEOUT),
-                connector=aiohttp.TCPConnector(ssl=None if self.spec.verify_tls else False),
+                connector=aiohttp.TCPConnector(ssl=self.spec.verify_tls),
             )
         return self._http
 
@@ -165,10 +166,11 @@ class RedfishDriver:
         elif isinstance(error, TimeoutError):
             reason = f" unreachable (no answer in {TIMEOUT:g} s)"
         elif isinstance(error, aiohttp.ClientConnectorError):
-            reason = f" unreachable ({error.os_error.strerror or error.os_error})"
+            errno = error.os_error.errno
+            reason = f" unreachable ({os.strerror(errno) if errno else error.os_error})"
         else:
             reason = f": {type(error).__name__}: {error}"
-        return PowerError(f"{self.node}: BMC {self.where}{self.spec.scrub(reason)}")
+        return PowerError(f"{self.node}: BMC {self.where}{scrub(reason, self.spec.password)}")
 
 
 def _json(text: str) -> dict[str, Any]:
