@@ -48,6 +48,7 @@ class VmSpec:
     mac: str
     firmware: str = "bios"
     memory_mb: int = 256
+    powered_off: bool = False  # start with the CPU stopped (-S): only its BMC turns it on
 
     def __post_init__(self) -> None:
         if self.firmware not in FIRMWARES:
@@ -85,7 +86,13 @@ def qemu_command(spec: VmSpec, run_dir: Path) -> list[str]:
         "qemu-system-x86_64",
         *("-name", spec.name, "-machine", "pc", "-accel", "tcg", "-m", str(spec.memory_mb)),
         *("-nodefaults", "-display", "none", "-vga", "none", "-monitor", "none"),
-        *("-serial", f"file:{run_dir / f'{spec.name}.serial.log'}"),
+        # the serial console: logged to a file, and a socket to type into (Vm.type)
+        *(
+            "-chardev",
+            f"socket,id=console,path={run_dir / f'{spec.name}.console'},server=on,"
+            f"wait=off,logfile={run_dir / f'{spec.name}.serial.log'}",
+        ),
+        *("-serial", "chardev:console"),
         *("-qmp", f"unix:{run_dir / f'{spec.name}.qmp'},server=on,wait=off"),
         *("-netdev", f"tap,id=net0,ifname={spec.tap},script=no,downscript=no", "-device", nic),
         *("-boot", "order=n,reboot-timeout=1000"),
@@ -96,6 +103,8 @@ def qemu_command(spec: VmSpec, run_dir: Path) -> list[str]:
         vars_copy = run_dir / f"{spec.name}.vars.fd"
         cmd += ["-drive", f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}"]
         cmd += ["-drive", f"if=pflash,format=raw,unit=1,file={vars_copy}"]
+    if spec.powered_off:
+        cmd.append("-S")
     return cmd
 
 
@@ -206,6 +215,14 @@ class Vm:
     def wait_serial(self, pattern: str, timeout: float) -> bool:
         """True once regex `pattern` appears on the serial console since ``self.mark``."""
         return wait_file(self.serial_log, pattern, timeout, self.mark, self.alive)
+
+    def type(self, text: str) -> None:
+        """Type `text` on the serial console, as a person at the console would."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as console:
+            console.connect(str(self.serial_log.with_name(f"{self.spec.name}.console")))
+            for char in text.encode():
+                console.sendall(bytes((char,)))
+                time.sleep(0.002)  # a 16550 UART's receive FIFO is only 16 bytes
 
 
 class Lab:

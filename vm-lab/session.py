@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bmc import start_bmc
 from lab import Lab, Vm, VmSpec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -21,14 +23,18 @@ LAB_CONFIG = REPO / "configs" / "lab.toml"
 LAYERPY = REPO / ".venv" / "bin" / "layerpy"
 SERVER = "http://10.99.0.1:8080"
 
-# The lab's machines, as configs/lab.toml knows them (cn099's MAC is in no file).
+BMC_PASSWORD = REPO / "configs" / "lab-bmc.pass"
+
+# The lab's machines, as configs/lab.toml knows them: cn* start powered off, each with a
+# BMC at 10.99.1.1N that layerpy drives; the stray's MAC is in no file and it has no BMC.
 MACHINES = {
-    "cn001": VmSpec("cn001", "52:54:00:99:00:11", "bios"),
-    "cn002": VmSpec("cn002", "52:54:00:99:00:12", "bios"),
-    "cn003": VmSpec("cn003", "52:54:00:99:00:13", "uefi"),
-    "cn004": VmSpec("cn004", "52:54:00:99:00:14", "uefi-pxe"),
+    "cn001": VmSpec("cn001", "52:54:00:99:00:11", "bios", powered_off=True),
+    "cn002": VmSpec("cn002", "52:54:00:99:00:12", "bios", powered_off=True),
+    "cn003": VmSpec("cn003", "52:54:00:99:00:13", "uefi", powered_off=True),
+    "cn004": VmSpec("cn004", "52:54:00:99:00:14", "uefi-pxe", powered_off=True),
     "stray": VmSpec("stray", "52:54:00:99:00:99", "bios"),
 }
+BMCS = {"cn001": "10.99.1.11", "cn002": "10.99.1.12", "cn003": "10.99.1.13", "cn004": "10.99.1.14"}
 
 
 class LabSession:
@@ -37,6 +43,7 @@ class LabSession:
     def __init__(self, run_dir: Path, config: Path = LAB_CONFIG) -> None:
         self.run_dir = Path(run_dir).resolve()
         self.lab = Lab(self.run_dir)
+        self.bmcs: dict[str, subprocess.Popen[bytes]] = {}
         try:
             self.serve_log = self.run_dir / "serve.log"
             command = [
@@ -66,7 +73,12 @@ class LabSession:
         return {node["name"]: node for node in self.api("/api/v1/nodes") or []}
 
     def start(self, *names: str) -> list[Vm]:
-        return [self.lab.add_vm(MACHINES[name]) for name in names]
+        """Start lab machines; the ones with a BMC stay off until layerpy powers them on."""
+        vms = [self.lab.add_vm(MACHINES[name]) for name in names]
+        for name in names:
+            if name in BMCS:
+                self.bmcs[name] = start_bmc(self.lab, name, BMCS[name], BMC_PASSWORD)
+        return vms
 
     def wait(self, condition: Callable[[], bool], timeout: float, what: str) -> float:
         """Poll until `condition` holds; return the seconds it took or raise TimeoutError."""

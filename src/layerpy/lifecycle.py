@@ -105,18 +105,14 @@ class Lifecycle:
         node.power = state
         self.engine.observe(node.name, power=state)
 
-    async def poll(self) -> None:
-        """Poll every BMC, all at once (drivers bound their own concurrency)."""
-        nodes = self.managed
-        results = await asyncio.gather(
-            *(self.drivers[n.name].status() for n in nodes), return_exceptions=True
-        )
-        for node, result in zip(nodes, results, strict=True):
-            if isinstance(result, BaseException):
-                self._failed(node, result)
-            else:
-                self.errors.pop(node.name, None)
-                self.saw_power(node, result)
+    async def _poll(self, node: Node) -> None:
+        try:
+            state = await self.drivers[node.name].status()
+        except Exception as error:  # any driver failure is this node's error, not ours
+            self._failed(node, error)
+            return
+        self.errors.pop(node.name, None)
+        self.saw_power(node, state)
 
     def _failed(self, node: Node, error: BaseException) -> None:
         reason = str(error) if isinstance(error, PowerError) else f"{type(error).__name__}: {error}"
@@ -127,8 +123,15 @@ class Lifecycle:
         self.engine.observe(node.name, power="error")
 
     async def watch(self) -> None:
+        """Poll every BMC each interval, in one batch; a BMC still busy with the last
+        poll (a dead one takes seconds to time out) is skipped, so it delays no one."""
+        polling: dict[str, asyncio.Task[None]] = {}
         while True:
-            await self.poll()
+            for node in self.managed:
+                if node.name not in polling:
+                    task = asyncio.create_task(self._poll(node))
+                    polling[node.name] = task
+                    task.add_done_callback(lambda _, name=node.name: polling.pop(name, None))
             await asyncio.sleep(self.poll_interval)
 
     # -- actions -----------------------------------------------------------------------
