@@ -42,6 +42,7 @@ class LabSession:
 
     def __init__(self, run_dir: Path, config: Path = LAB_CONFIG) -> None:
         self.run_dir = Path(run_dir).resolve()
+        self.config = config
         self.lab = Lab(self.run_dir)
         self.bmcs: dict[str, subprocess.Popen[bytes]] = {}
         try:

@@ -118,10 +118,11 @@ def status(config_path: Path | None, server_url: str | None, as_json: bool) -> N
 
 
 @main.command()
-@CONFIG_OPTION
-def reload(config_path: Path) -> None:
+@OPTIONAL_CONFIG
+@SERVER_OPTION
+def reload(config_path: Path | None, server_url: str | None) -> None:
     """Make the running server re-read its node file (all of it applies, or none of it)."""
-    answer = _api(_server_url(config_path, None), "/api/v1/reload", method="POST")
+    answer = _api(_server_url(config_path, server_url), "/api/v1/reload", method="POST")
     if "problems" in answer:
         click.echo("\n".join(answer["problems"]), err=True)
         click.echo("reload refused; the running configuration stays in force", err=True)

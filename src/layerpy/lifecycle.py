@@ -67,7 +67,7 @@ class Lifecycle:
         self.overrides: dict[str, dict[str, str]] = {}
         self.drivers: dict[str, PowerDriver] = {}
         self.errors: dict[str, str] = {}
-        self.engine = Engine(Graph(VARIABLES, mutations()), self.act)
+        self.engine = Engine(Graph(VARIABLES, mutations()), self.act, on_write=self._concluded)
         for node in inventory.nodes.values():
             self._add(node)
         inventory.on_change = self.observed
@@ -87,6 +87,15 @@ class Lifecycle:
         return {"power": node.power, "run": str(node.run_state), "busy": node.busy}
 
     # -- observations ------------------------------------------------------------------
+
+    def _concluded(self, name: str, values: dict[str, str]) -> None:
+        """The engine's own conclusions (a node hangs; a run state is forgotten), mirrored
+        so the API shows them and a BMC poll saying "on" does not undo a hang."""
+        node = self.inventory.nodes[name]
+        if "power" in values:
+            node.power = values["power"]
+        if values.get("run") == "unknown":
+            self.inventory.forget(node, "forgotten on a power change")
 
     def observed(self, node: Node) -> None:
         """The inventory saw a change (run state, busy) on a node."""
@@ -151,7 +160,6 @@ class Lifecycle:
                 self.saw_power(node, "off")
             elif action == "power_cycle":
                 await driver.boot_network_once()
-                self.inventory.forget(node, "power cycle")
                 await driver.cycle()
                 node.power = "on"
                 self.engine.observe(name, power="on")

@@ -322,6 +322,20 @@ async def test_firing_forgets_what_can_no_longer_be_known():
 
 
 @scenario
+async def test_the_engine_tells_what_it_concludes_itself():
+    written: list[tuple[str, dict[str, str]]] = []
+    world = World(on_write=lambda node, values: written.append((node, values)))
+    world.engine.add_node("cn1", {"power": "off"}, UP)
+    await world.settle()
+    assert written == [("cn1", {"run": "unknown"})]  # forgotten when power.off fired
+    world.engine.set_cfg("cn1", power="on", run="ready")
+    world.engine.observe("cn1", power="on", run="unknown")
+    await world.settle()  # boot.wait fires
+    await world.settle(120)  # and times out
+    assert written[-1] == ("cn1", {"power": "hang"})
+
+
+@scenario
 async def test_busy_excludes_power_off_until_free(caplog):
     caplog.set_level(logging.INFO, "layerpy.engine")
     world = World()

@@ -61,8 +61,12 @@ class Engine:
         max_actions: int = 64,
         max_failures: int = 5,
         backoff: tuple[float, float] = (1.0, 60.0),
+        on_write: Callable[[str, dict[str, str]], None] | None = None,
     ) -> None:
+        """``on_write(node, values)`` hears the dsc values the engine concludes itself
+        (forgotten on firing, fallen to on failure), so observers can mirror them."""
         self.graph, self.act, self.clock = graph, act, clock
+        self.on_write = on_write
         self.max_actions, self.max_failures, self.backoff = max_actions, max_failures, backoff
         self._nodes: dict[str, _Node] = {}
         self._dirty: dict[_Node, None] = {}
@@ -251,7 +255,7 @@ class Engine:
         rec.current, rec.origin, rec.fired = mutation, rec.state, now
         rec.epoch += 1
         self._count["in_flight"] += 1
-        rec.state = self.graph.forget(mutation, rec.state)
+        self._write(rec, self.graph.forget(mutation, rec.state))
         if mutation.action:
             self._queue.append((rec, rec.epoch))
         else:
@@ -318,7 +322,7 @@ class Engine:
         now, mutation = self.clock(), rec.current
         assert mutation is not None
         self._end(rec, cancel=cancel)
-        rec.state = self.graph.state(values, rec.state)
+        self._write(rec, self.graph.state(values, rec.state))
         outcome = " ".join(f"{var}={value}" for var, value in values.items()) or "dsc unchanged"
         log.warning("%s: %s %s -> %s", rec.name, mutation.name, reason, outcome)
         if rec.failures is None:
@@ -335,6 +339,13 @@ class Engine:
             rec.retry_at = now + min(cap, first * 2 ** (rec.attempts - 1))
             self._push(rec.retry_at, rec)
         self._mark(rec)
+
+    def _write(self, rec: _Node, state: State) -> None:
+        """Set dsc from the engine's own conclusions, telling ``on_write`` what changed."""
+        before, rec.state = rec.state, state
+        if self.on_write is not None and state != before:
+            old, new = self.graph.values(before), self.graph.values(state)
+            self.on_write(rec.name, {var: v for var, v in new.items() if old.get(var) != v})
 
     def _reset(self, rec: _Node) -> None:
         """Forget the failure count: new wishes or news deserve fresh attempts."""
