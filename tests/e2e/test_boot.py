@@ -6,20 +6,22 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-NODES = {"cn001": "10.99.0.11", "cn002": "10.99.0.12", "cn003": "10.99.0.13"}
+NODES = {"cn001": "10.99.0.11", "cn002": "10.99.0.12", "cn003": "10.99.0.13", "cn004": "10.99.0.14"}
 
 
 def test_bios_and_uefi_nodes_become_ready(lab) -> None:
-    vms = lab.start("cn001", "cn002", "cn003", "stray")
-    assert [vm.spec.firmware for vm in vms] == ["bios", "bios", "uefi", "bios"]
+    vms = lab.start("cn001", "cn002", "cn003", "cn004", "stray")
+    assert [vm.spec.firmware for vm in vms] == ["bios", "bios", "uefi", "uefi-pxe", "bios"]
     lab.wait_state(list(NODES), "ready", timeout=90)
     nodes = lab.nodes()
     for name, ip in NODES.items():
         node = nodes[name]
         assert (node["ip"], node["hostname"], node["boots"]) == (ip, name, 1), node
-        phases = list(node["timeline"])
+        phases = [p for p in node["timeline"] if p != "tftp"]
         assert phases[:3] == ["dhcp_discover", "dhcp_ack", "script"], phases
         assert {"kernel", "initrd", "agent_hello", "ready"} <= set(phases)
+    # OVMF's own PXE fetched iPXE over TFTP first, then iPXE asked again: one boot
+    assert "tftp" in nodes["cn004"]["timeline"] and nodes["cn004"]["boot"]["firmware"] == "uefi"
 
 
 def test_unknown_machine_does_not_boot_and_is_listed(lab) -> None:

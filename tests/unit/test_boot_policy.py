@@ -62,6 +62,9 @@ def test_offer_per_firmware(service, options, firmware, bootfile, next_server) -
     assert str(offer.siaddr) == next_server
     assert offer.options[dhcp.OPT_HOSTNAME] == b"cn001"
     assert (dhcp.OPT_IPXE in offer.options) == (firmware == "ipxe")
+    if firmware in ("bios", "uefi"):  # PXE: vendor class echoed, and "boot this file"
+        assert offer.options[dhcp.OPT_VENDOR_CLASS] == b"PXEClient"
+        assert offer.options[dhcp.OPT_VENDOR_SPECIFIC] == bytes((6, 1, 8, 255))
     node = service.policy.inventory.nodes["cn001"]
     assert node.run_state is (RunState.UNKNOWN if firmware == "os" else RunState.BOOTING)
 

@@ -26,6 +26,8 @@ OPT_PARAM_LIST = 55
 OPT_MESSAGE = 56
 OPT_MAX_SIZE = 57
 OPT_VENDOR_CLASS = 60
+# PXE option 43: sub-option 6 (discovery control) = 8 (use the offered boot file), end.
+PXE_BOOT_OFFERED_FILE = bytes((6, 1, 8, 255))
 OPT_CLIENT_ID = 61
 OPT_TFTP_SERVER = 66
 OPT_BOOTFILE = 67
@@ -244,7 +246,11 @@ def build_reply(request: DhcpPacket, offer: Offer) -> DhcpPacket:
     if bootfile:
         extra[OPT_BOOTFILE] = bootfile
         if request.is_pxe_client:
+            # PXE clients take an offer with vendor class PXEClient as coming from a PXE
+            # server; without discovery control "boot the file in this offer" (43.6 = 8),
+            # UEFI firmware would first ask a boot server on port 4011 and give up.
             extra[OPT_VENDOR_CLASS] = b"PXEClient"
+            extra[OPT_VENDOR_SPECIFIC] = PXE_BOOT_OFFERED_FILE
     if offer.ipxe_no_pxedhcp:
         extra[OPT_IPXE] = bytes((IPXE_NO_PXEDHCP, 1, 1))
     wanted = request.options.get(OPT_PARAM_LIST, b"")
