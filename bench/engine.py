@@ -1,6 +1,7 @@
 """State engine at scale: 10 000 and 100 000 nodes planned and converged on one loop.
 
-No reference implementation exists, so this reports layerpy's own figures: building the
+No reference implementation exists, so this reports layerpy's own figures: loading a node
+file of that size (groups of 250 nodes with MACs and BMCs), building the real lifecycle
 graph, adding every node, a cfg change touching every node, planning them all, and
 running to convergence (power on and boot, then power off again) with a fake act that
 completes at once by observing the change, as a fast BMC and agent would. Each size runs
@@ -16,34 +17,39 @@ import json
 import resource
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
-from layerpy.engine import Engine, Graph, Mutation, Variable
+from layerpy.config import load
+from layerpy.engine import Engine, Graph
+from layerpy.lifecycle import VARIABLES, mutations
 
 
-def lifecycle() -> Graph:
-    """A representative lifecycle table, as in tests/unit/test_engine.py."""
-    variables = [
-        Variable("power", ("unknown", "off", "on", "hang", "error")),
-        Variable("run", ("unknown", "booting", "init", "ready", "lost", "error")),
-        Variable("busy", ("unknown", "free", "busy")),
+def node_file(directory: Path, count: int) -> Path:
+    """A node file with `count` nodes in groups of 250, each with a MAC and a BMC."""
+    (directory / "vmlinuz").write_bytes(b"k")
+    (directory / "initrd").write_bytes(b"i")
+    (directory / "bmc.pass").write_text("secret")
+    text = [
+        '[server]\ninterface = "br0"\naddress = "10.0.0.1"\n',
+        '[network]\nsubnet = "10.0.0.0/14"\n',
+        '[minos]\nkernel = "vmlinuz"\ninitrd = "initrd"\n',
     ]
-    on = {"power": {"on"}}
-    mutations = [
-        Mutation("power.on", {"power": ("off", "on")}, action="power_on", timeout=30,
-                 fail_to={"power": "error"}),
-        Mutation("power.off", {"power": ("on", "off")}, excludes={"busy": {"busy"}},
-                 forgets=("run",), action="power_off", timeout=30, fail_to={"power": "error"}),
-        Mutation("power.cycle", {"power": ("hang", "on")}, forgets=("run",),
-                 action="power_cycle", timeout=30),
-        Mutation("power.retry", {"power": ("error", "unknown")}, action="power_status",
-                 timeout=10, cost=10),
-        Mutation("boot.wait", {"run": ("*", "ready")}, requires=on, timeout=120,
-                 fail_to={"power": "hang"}),
-        Mutation("boot.recover", {"run": ("lost", "ready")}, requires=on, timeout=10,
-                 fail_to={"power": "hang"}, cost=0.5),
-    ]  # fmt: skip
-    return Graph(variables, mutations)
+    for group in range(count // 250):
+        third = f"{1 + group // 256}.{group % 256}"
+        macs = ", ".join(
+            f'"52:54:{group >> 8:02x}:{group & 255:02x}:00:{i:02x}"' for i in range(250)
+        )
+        text.append(
+            f'[groups.g{group}]\nnodes = "n{group:04}x[001-250]"\nip = "10.{third}.[1-250]"\n'
+            f"mac = [{macs}]\n"
+            f'bmc = {{ driver = "ipmi", address = "172.16.{third}.[1-250]", user = "admin",'
+            ' password_file = "bmc.pass" }\n'
+        )
+    path = directory / "nodes.toml"
+    path.write_text("\n".join(text))
+    return path
 
 
 def rss_mb() -> float:
@@ -68,12 +74,18 @@ async def measure(count: int) -> dict[str, float]:
 
     base = rss_mb()
     times: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = node_file(Path(tmp), count)
+        start = time.perf_counter()
+        config = load(path)
+        times["load"] = time.perf_counter() - start
+    assert len(config.nodes) == count
     start = time.perf_counter()
-    graph = lifecycle()
+    graph = Graph(VARIABLES, mutations())
     times["graph"] = time.perf_counter() - start
 
     engine = Engine(graph, act)
-    nodes = [f"n{i:06}" for i in range(count)]
+    nodes = list(config.nodes)
     start = time.perf_counter()
     for node in nodes:
         engine.add_node(node, {"power": "off"}, {"power": "off", "run": "unknown", "busy": "free"})
@@ -117,7 +129,7 @@ def main() -> None:
         print(json.dumps(asyncio.run(measure(args.one))))
         return
     print(
-        f"{'nodes':>8} {'graph':>8} {'add':>7} {'cfg all':>8} {'plan all':>9}"
+        f"{'nodes':>8} {'load file':>9} {'graph':>8} {'add':>7} {'cfg all':>8} {'plan all':>9}"
         f" {'on+boot':>8} {'nodes/s':>8} {'off':>7} {'peak RSS':>9} {'per node':>9}"
     )
     for count in args.nodes:
@@ -129,7 +141,8 @@ def main() -> None:
         ).stdout
         r = json.loads(out)
         print(
-            f"{count:>8} {r['graph'] * 1e3:>6.2f}ms {r['add']:>6.2f}s {r['cfg']:>7.2f}s"
+            f"{count:>8} {r['load']:>8.2f}s {r['graph'] * 1e3:>6.2f}ms"
+            f" {r['add']:>6.2f}s {r['cfg']:>7.2f}s"
             f" {r['plan']:>8.3f}s {r['boot']:>7.2f}s {count / r['boot']:>8.0f}"
             f" {r['off']:>6.2f}s {r['rss']:>7.0f}MB {r['per_node_kb']:>7.2f}KB"
         )
