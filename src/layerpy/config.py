@@ -127,9 +127,13 @@ def load(path: str | Path) -> Config:
     """Read and validate a node file; raise :class:`ConfigError` listing every problem."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigError(path, [Problem("", f"cannot read the file: {error.strerror}")]) from None
+    except UnicodeDecodeError as error:
+        line = path.read_bytes()[: error.start].count(b"\n") + 1
+        problem = Problem("", f"not UTF-8 text (byte {error.object[error.start]:#x})", line)
+        raise ConfigError(path, [problem]) from None
     return parse(text, path)
 
 

@@ -263,3 +263,11 @@ def test_ipxe_binary_linking_out_of_the_tftp_root(write) -> None:
         ConfigError, match=r"outside ipxe\.dir, and TFTP serves only what is inside it"
     ):
         load(path)
+
+
+def test_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "nodes.toml"
+    path.write_bytes(b'[server]\naddress = "\xff"\n')
+    with pytest.raises(ConfigError) as raised:
+        load(path)
+    assert raised.value.render() == f"{path}:2: not UTF-8 text (byte 0xff)"
