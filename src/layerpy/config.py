@@ -11,15 +11,21 @@ import os
 import re
 import tomllib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Any
 
 from layerpy import hostlist
+from layerpy.images.source import ImageSource, parse_source
 from layerpy.power.base import DRIVERS, PowerSpec
 
+SECTIONS = ("server", "network", "minos", "ipxe", "images", "groups", "nodes")
 DHCP_MODES = ("authoritative", "off")
+NODE_KEYS = {"ip", "mac", "power", "bmc", "image"}
+GROUP_KEYS = NODE_KEYS | {"nodes"}
+IMAGE_KEYS = {"source", "insecure", "systemd", "command", "user", "password_file", "password_env"}
 POWER_STATES = ("on", "off")
 BMC_KEYS = {"driver", "address", "user", "password_file", "password_env", "verify_tls", "port"}
 _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
@@ -101,6 +107,16 @@ class IpxeConfig:
 
 
 @dataclass(frozen=True)
+class ImageConfig:
+    """A system image: where to find it and how to run it."""
+
+    name: str
+    source: ImageSource
+    systemd: bool = False
+    command: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     name: str
     ip: IPv4Address
@@ -108,6 +124,7 @@ class NodeConfig:
     group: str | None = None
     power: str = "on"
     bmc: PowerSpec | None = None
+    image: str | None = None
 
 
 @dataclass(frozen=True)
@@ -117,10 +134,8 @@ class Config:
     network: NetworkConfig
     minos: MinosConfig
     ipxe: IpxeConfig
+    images: dict[str, ImageConfig] = field(default_factory=dict)
     nodes: dict[str, NodeConfig] = field(default_factory=dict)
-
-    def node_by_mac(self) -> dict[str, NodeConfig]:
-        return {node.mac: node for node in self.nodes.values() if node.mac}
 
 
 def load(path: str | Path) -> Config:
@@ -182,10 +197,8 @@ class _Reader:
         if not isinstance(value, dict):
             self.problem(key, f"must be a table, not {_kind(value)}")
             return {}
-        for unknown in sorted(set(value) - allowed) if allowed is not None else ():
-            self.problem(
-                f"{key}.{unknown}", f"unknown key (known keys: {', '.join(sorted(allowed))})"
-            )
+        if allowed is not None:
+            self.unknown_keys(value, key, allowed)
         return value
 
     def get(
@@ -225,21 +238,50 @@ class _Reader:
     # -- sections ---------------------------------------------------------------------
 
     def config(self, data: dict[str, Any]) -> Config | None:
-        for unknown in sorted(
-            set(data) - {"server", "network", "minos", "ipxe", "groups", "nodes"}
-        ):
-            self.problem(
-                unknown,
-                "unknown section (known: server, network, minos, ipxe, groups, nodes)",
-            )
+        for unknown in sorted(set(data) - set(SECTIONS)):
+            self.problem(unknown, f"unknown section (known: {', '.join(SECTIONS)})")
         network = self.network(data)
         server = self.server(data, network)
         minos = self.minos(data)
         ipxe = self.ipxe(data, server)
+        images = self.images(data)
         nodes = self.nodes(data, network, server)
+        for node in nodes.values():
+            if node.image is not None and node.image not in images:
+                where = f"nodes.{node.name}" if node.group is None else f"groups.{node.group}"
+                self.problem(
+                    f"{where}.image",
+                    f"{node.name}: no image named {node.image!r} "
+                    f"(defined: {', '.join(images) or 'none'}; add an [images.{node.image}] table)",
+                )
         if None in (server, network, minos) or self.problems:
             return None
-        return Config(self.file, server, network, minos, ipxe, nodes)  # type: ignore[arg-type]
+        return Config(self.file, server, network, minos, ipxe, images, nodes)  # type: ignore[arg-type]
+
+    def images(self, data: dict[str, Any]) -> dict[str, ImageConfig]:
+        images = {}
+        for name, table in self.table(data, "images", None).items():
+            prefix = f"images.{name}"
+            if not isinstance(table, dict):
+                self.problem(prefix, f"must be a table, not {_kind(table)}")
+                continue
+            self.unknown_keys(table, prefix, IMAGE_KEYS)
+            get = self._getter(table, prefix)
+            insecure = get("insecure", bool, default=False)
+            source = get("source", str, partial(parse_source, insecure=insecure), required=True)
+            command = get("command", list, _string_list)
+            password = self.password(table, prefix)
+            if source is None:
+                continue
+            if source.kind != "registry" and insecure:
+                self.problem(f"{prefix}.insecure", "applies to registry sources only")
+            user = get("user", str)
+            if user or password:
+                source = replace(source, user=user, password=password)
+            if source.kind != "registry":  # a path, relative to the node file like all paths
+                source = replace(source, location=str(self.path(source.location)))
+            images[name] = ImageConfig(name, source, get("systemd", bool, default=False), command)
+        return images
 
     def server(self, data: dict[str, Any], network: NetworkConfig | None) -> ServerConfig | None:
         keys = {
@@ -361,15 +403,13 @@ class _Reader:
         if not isinstance(table, dict):
             self.problem(prefix, f"must be a table, not {_kind(table)}")
             return
-        for unknown in sorted(set(table) - {"nodes", "ip", "mac", "power", "bmc"}):
-            self.problem(
-                f"{prefix}.{unknown}", "unknown key (known keys: bmc, ip, mac, nodes, power)"
-            )
+        self.unknown_keys(table, prefix, GROUP_KEYS)
         get = self._getter(table, prefix)
         names = get("nodes", str, hostlist.expand, required=True)
         ips = get("ip", str, _ipv4_range, required=True)
         macs = get("mac", (list, str), _mac_list)
         power = get("power", str, _choice(POWER_STATES), default="on")
+        image = get("image", str)
         if names is None or ips is None:
             return
         bmcs = self.bmcs(table.get("bmc"), f"{prefix}.bmc", names)
@@ -387,7 +427,7 @@ class _Reader:
                 continue
             mac = macs[index] if macs else None
             bmc = bmcs[index] if bmcs else None
-            yield NodeConfig(node_name, ips[index], mac, name, power or "on", bmc)
+            yield NodeConfig(node_name, ips[index], mac, name, power or "on", bmc, image)
 
     def override(self, name: str, table: Any, base: NodeConfig | None) -> NodeConfig | None:
         prefix = f"nodes.{name}"
@@ -397,18 +437,23 @@ class _Reader:
         if not _NAME.match(name):
             self.problem(prefix, f"{name!r} is not a valid host name")
             return None
-        for unknown in sorted(set(table) - {"ip", "mac", "power", "bmc"}):
-            self.problem(f"{prefix}.{unknown}", "unknown key (known keys: bmc, ip, mac, power)")
+        self.unknown_keys(table, prefix, NODE_KEYS)
         get = self._getter(table, prefix)
         ip = get("ip", str, _ipv4, required=base is None)
         mac = get("mac", str, _mac)
         power = get("power", str, _choice(POWER_STATES))
+        image = get("image", str)
         bmcs = self.bmcs(table.get("bmc"), f"{prefix}.bmc", [name])
         bmc = bmcs[0] if bmcs else None
         if base is None:
-            return NodeConfig(name, ip, mac, None, power or "on", bmc) if ip else None
-        return NodeConfig(
-            name, ip or base.ip, mac or base.mac, base.group, power or base.power, bmc or base.bmc
+            return NodeConfig(name, ip, mac, None, power or "on", bmc, image) if ip else None
+        return replace(
+            base,
+            ip=ip or base.ip,
+            mac=mac or base.mac,
+            power=power or base.power,
+            bmc=bmc or base.bmc,
+            image=image or base.image,
         )
 
     def bmcs(self, table: Any, prefix: str, names: list[str]) -> list[PowerSpec] | None:
@@ -419,10 +464,7 @@ class _Reader:
         if not isinstance(table, dict):
             self.problem(prefix, f"must be a table, not {_kind(table)}")
             return None
-        for unknown in sorted(set(table) - BMC_KEYS):
-            self.problem(
-                f"{prefix}.{unknown}", f"unknown key (known keys: {', '.join(sorted(BMC_KEYS))})"
-            )
+        self.unknown_keys(table, prefix, BMC_KEYS)
         get = self._getter(table, prefix)
         driver = get("driver", str, _choice(DRIVERS), required=True)
         address = get("address", str)
@@ -476,6 +518,12 @@ class _Reader:
                 )
             return os.environ.get(variable)
         return None
+
+    def unknown_keys(self, table: dict[str, Any], prefix: str, known: set[str]) -> None:
+        for unknown in sorted(set(table) - known):
+            self.problem(
+                f"{prefix}.{unknown}", f"unknown key (known keys: {', '.join(sorted(known))})"
+            )
 
     def _add(
         self, nodes: dict[str, NodeConfig], origin: dict[str, str], node: NodeConfig, key: str
@@ -589,6 +637,12 @@ def _mac_list(value: list[Any] | str) -> list[str]:
     if not all(isinstance(item, str) for item in items):
         raise ValueError("must be a list of MAC address strings")
     return [_mac(item) for item in items]
+
+
+def _string_list(value: list[Any]) -> tuple[str, ...]:
+    if not value or not all(isinstance(item, str) for item in value):
+        raise ValueError("must be a non-empty list of strings")
+    return tuple(value)
 
 
 def _port(value: int) -> int:

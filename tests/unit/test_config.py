@@ -92,7 +92,7 @@ BROKEN = {
     "unknown section": (
         ("[ipxe]", "[ipx]"),
         [
-            "nodes.toml:18: ipx: unknown section (known: server, network, minos, ipxe, groups, nodes)"
+            "nodes.toml:18: ipx: unknown section (known: server, network, minos, ipxe, images, groups, nodes)"
         ],
     ),
     "wrong type": (
@@ -271,3 +271,67 @@ def test_not_utf8(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as raised:
         load(path)
     assert raised.value.render() == f"{path}:2: not UTF-8 text (byte 0xff)"
+
+
+IMAGED = POWERED.replace(
+    "[ipxe]",
+    '[images.base]\nsource = "registry://127.0.0.1:5000/lab/base:1"\ninsecure = true\n\n'
+    '[images.other]\nsource = "oci-layout:layouts/other:v2"\nsystemd = true\n\n[ipxe]',
+)
+
+
+def test_images(write) -> None:
+    path = write(
+        IMAGED.replace(
+            'password_file = "bmc.pass" }\n', 'password_file = "bmc.pass" }\nimage = "base"\n'
+        )
+        + 'image = "other"\n'
+    )
+    (path.parent / "bmc.pass").write_text("s3cret\n")
+    config = load(path)
+    base, other = config.images["base"], config.images["other"]
+    assert (
+        base.source.kind,
+        base.source.location,
+        base.source.reference,
+        base.source.insecure,
+    ) == ("registry", "127.0.0.1:5000/lab/base", "1", True)
+    assert (other.source.kind, other.systemd) == ("oci-layout", True)
+    assert (
+        other.source.location == str(path.parent / "layouts/other")
+        or other.source.location == "layouts/other"
+    )
+    assert [config.nodes[n].image for n in ("cn001", "cn003", "login")] == ["base", "base", "other"]
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            (
+                '[nodes.cn003]\nip = "10.99.0.23"',
+                '[nodes.cn003]\nip = "10.99.0.23"\nimage = "nope"',
+            ),
+            "groups.compute.image: cn003: no image named 'nope' (defined: base, other; add an [images.nope] table)",
+        ),
+        (
+            ('source = "registry://127.0.0.1:5000/lab/base:1"', 'source = "registry://:::/x"'),
+            "nodes.toml:19: images.base.source: image source 'registry://:::/x'",
+        ),
+        (
+            ("systemd = true", 'systemd = "yes"'),
+            "nodes.toml:24: images.other.systemd: must be a boolean, not a string",
+        ),
+        (
+            ("systemd = true", "systemd = true\ninsecure = true"),
+            "nodes.toml:25: images.other.insecure: applies to registry sources only",
+        ),
+    ],
+)
+def test_broken_images(write, change, expected) -> None:
+    path = write(IMAGED.replace(*change))
+    (path.parent / "bmc.pass").write_text("s3cret\n")
+    with pytest.raises(ConfigError) as raised:
+        load(path)
+    rendered = raised.value.render().replace(str(path), "nodes.toml")
+    assert expected in rendered, rendered
