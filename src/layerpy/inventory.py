@@ -23,6 +23,7 @@ from layerpy.model import Boot, Node, RunState
 
 log = logging.getLogger("layerpy.nodes")
 
+IMAGE_STATES = ("none", "pulling", "active", "updating", "error")
 REPORT_FIELDS: dict[str, type | tuple[type, ...]] = {
     "node": str,
     "token": str,
@@ -49,8 +50,17 @@ class UnknownMachine:
         return dict(self.__dict__)
 
 
+def _text(value: Any) -> str | None:
+    return value[:500] if isinstance(value, str) else None
+
+
 def _ignore(node: Node) -> None:
     """The default change hook: nobody listens."""
+
+
+def _nothing(node: Node) -> dict[str, Any]:
+    """The default instructions for an agent: none beyond the heartbeat."""
+    return {}
 
 
 class ReportRejected(Exception):
@@ -67,6 +77,9 @@ class Inventory:
     nodes: dict[str, Node] = field(init=False)
     unknown: dict[str, UnknownMachine] = field(default_factory=dict, init=False)
     on_change: Callable[[Node], None] = field(default_factory=lambda: _ignore, init=False)
+    instructions: Callable[[Node], dict[str, Any]] = field(
+        default_factory=lambda: _nothing, init=False
+    )
 
     def __post_init__(self) -> None:
         self.nodes = {name: Node(cfg) for name, cfg in self.config.nodes.items()}
@@ -165,11 +178,7 @@ class Inventory:
         node.hostname = (
             payload.get("hostname") if isinstance(payload.get("hostname"), str) else None
         )
-        busy = "busy" if payload.get("busy") is True else "free"
-        if busy != node.busy:
-            log.info("%s: %s", node.name, busy)
-            node.busy = busy
-            self.on_change(node)
+        changed = self._agent_facts(node, payload)
         node.agent = {
             k: payload[k]
             for k in ("uptime", "seq", "busy", "agent_version", "timeline")
@@ -179,20 +188,46 @@ class Inventory:
             node.ip = IPv4Address(payload["ip"])
         except ValueError:
             node.ip = None
-        if (
-            node.run_state in (RunState.INIT, RunState.READY, RunState.LOST)
-            and payload["event"] != "hello"
-        ):
+        before = node.run_state
+        if before in (RunState.INIT, RunState.READY, RunState.LOST) and payload["event"] != "hello":
             self.mark(node, "ready")
             self._set_state(node, RunState.READY)
         else:
             self.mark(node, "agent_hello")
             self._set_state(node, RunState.INIT)
-        return {"heartbeat": self.config.server.heartbeat, "node": node.name}
+        if changed and node.run_state == before:
+            self.on_change(node)  # a new run state has told the listeners already
+        answer = {"heartbeat": self.config.server.heartbeat, "node": node.name}
+        return answer | self.instructions(node)
+
+    def _agent_facts(self, node: Node, payload: dict[str, Any]) -> bool:
+        """Busy and image state from a report; True when one of them changed."""
+        busy = "busy" if payload.get("busy") is True else "free"
+        state = payload.get("image_state")
+        image = (
+            state if state in IMAGE_STATES else "none",
+            _text(payload.get("image_digest")),
+            _text(payload.get("image_error")),
+        )
+        if busy != node.busy:
+            log.info("%s: %s", node.name, busy)
+        if image != (node.image_state, node.image_digest, node.image_error):
+            reason = f": {image[2]}" if image[2] else ""
+            log.info("%s: image %s %s%s", node.name, image[0], (image[1] or "-")[:19], reason)
+        changed = (busy, *image) != (
+            node.busy,
+            node.image_state,
+            node.image_digest,
+            node.image_error,
+        )
+        node.busy = busy
+        node.image_state, node.image_digest, node.image_error = image
+        return changed
 
     def forget(self, node: Node, why: str) -> None:
-        """What can no longer be known after a power change: run state and busy."""
-        node.busy = "unknown"
+        """What can no longer be known after a power change: run state, busy, image."""
+        node.busy = node.image_state = "unknown"
+        node.image_digest = node.image_error = None
         node.last_report = None
         self._set_state(node, RunState.UNKNOWN, why)
 

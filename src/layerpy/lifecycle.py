@@ -12,6 +12,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from layerpy.catalog import Catalog
 from layerpy.config import Config, NodeConfig
 from layerpy.engine import ANY, Engine, Graph, Mutation, NoPath, Variable
 from layerpy.inventory import Inventory
@@ -24,9 +25,12 @@ VARIABLES = (
     Variable("power", ("unknown", "off", "on", "hang", "error")),
     Variable("run", ("unknown", "booting", "init", "ready", "lost", "error")),
     Variable("busy", ("unknown", "free", "busy")),
+    # as the agent reports it; "stale" is active with another digest than the file wants
+    Variable("image", ("unknown", "none", "pulling", "active", "updating", "error", "stale")),
 )
 
 ON = frozenset({"on"})
+FORGOTTEN_ON_POWER = ("run", "busy", "image")
 BOOT_TIMEOUT = 120.0
 
 
@@ -37,54 +41,75 @@ def mutations(boot_timeout: float = BOOT_TIMEOUT) -> tuple[Mutation, ...]:
         Mutation("power.on", {"power": ("off", "on")}, action="power_on",
                  timeout=30, fail_to={"power": "error"}),
         Mutation("power.off", {"power": ("on", "off")}, action="power_off",
-                 excludes={"busy": frozenset({"busy"})}, forgets=("run", "busy"),
+                 excludes={"busy": frozenset({"busy"})}, forgets=FORGOTTEN_ON_POWER,
                  timeout=30, fail_to={"power": "error"}),
         Mutation("power.cycle", {"power": ("hang", "on")}, action="power_cycle",
-                 forgets=("run", "busy"), timeout=30, fail_to={"power": "error"}),
+                 forgets=FORGOTTEN_ON_POWER, timeout=30, fail_to={"power": "error"}),
         Mutation("power.off_hung", {"power": ("hang", "off")}, action="power_off",
-                 forgets=("run", "busy"), timeout=30, fail_to={"power": "error"}),
+                 forgets=FORGOTTEN_ON_POWER, timeout=30, fail_to={"power": "error"}),
         Mutation("power.retry", {"power": ("error", "unknown")}, action="power_status",
                  timeout=30, fail_to={"power": "error"}, cost=5),
         Mutation("boot.wait", {"run": (ANY, "ready")}, requires={"power": ON},
                  timeout=boot_timeout, fail_to={"power": "hang"}, cost=2),
         Mutation("boot.recover", {"run": ("lost", "ready")}, requires={"power": ON},
                  timeout=10, fail_to={"power": "hang"}),
+        # the agent switches without a reboot once told; a busy node is drained first
+        Mutation("image.activate", {"image": (ANY, "active")}, action="image_assign",
+                 requires={"run": frozenset({"ready"})}, excludes={"busy": frozenset({"busy"})},
+                 timeout=300, fail_to={"image": "error"}),
     )  # fmt: skip
 
 
-def desired(node: NodeConfig, override: Mapping[str, str] | None = None) -> dict[str, str]:
-    """cfg for a node: the file's power (or a runtime override); a powered node is ready."""
-    power = (override or {}).get("power", node.power)
-    return {"power": "on", "run": "ready"} if power == "on" else {"power": "off"}
+def desired(node: NodeConfig, override: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """cfg for a node, every variable named (None: don't care): the file's power (or a
+    run-time override), a powered node ready and running its image. Without a BMC,
+    power is not layerpy's to want."""
+    wanted: dict[str, str | None] = dict.fromkeys((v.name for v in VARIABLES), None)
+    if node.image:
+        wanted["image"] = "active"
+    if node.bmc is None:
+        return wanted
+    if (override or {}).get("power", node.power) == "off":
+        return {**wanted, "power": "off", "image": None}
+    return {**wanted, "power": "on", "run": "ready"}
 
 
 class Lifecycle:
     """Feeds observations to the engine and carries out the actions it fires."""
 
-    def __init__(self, inventory: Inventory, poll_interval: float) -> None:
+    def __init__(self, inventory: Inventory, catalog: Catalog, poll_interval: float) -> None:
         self.inventory = inventory
+        self.catalog = catalog
         self.poll_interval = poll_interval
         self.overrides: dict[str, dict[str, str]] = {}
         self.drivers: dict[str, PowerDriver] = {}
         self.errors: dict[str, str] = {}
+        self.assigned: dict[str, str] = {}  # node -> image digest its agent is told to run
         self.engine = Engine(Graph(VARIABLES, mutations()), self.act, on_write=self._concluded)
         for node in inventory.nodes.values():
             self._add(node)
         inventory.on_change = self.observed
+        inventory.instructions = self.instructions
 
     @property
     def managed(self) -> list[Node]:
         return [n for n in self.inventory.nodes.values() if n.config.name in self.drivers]
 
     def _add(self, node: Node) -> None:
-        if node.config.bmc is None:
-            return  # not under layerpy's power control: observed, never driven
-        self.drivers[node.name] = make_driver(node.name, node.config.bmc)
+        if node.config.bmc is not None:  # else not under layerpy's power control
+            self.drivers[node.name] = make_driver(node.name, node.config.bmc)
         self.engine.add_node(node.name, desired(node.config), self._dsc(node))
 
-    @staticmethod
-    def _dsc(node: Node) -> dict[str, str]:
-        return {"power": node.power, "run": str(node.run_state), "busy": node.busy}
+    def _dsc(self, node: Node) -> dict[str, str]:
+        return {"power": node.power, "run": str(node.run_state), "busy": node.busy,
+                "image": self._image_state(node)}  # fmt: skip
+
+    def _image_state(self, node: Node) -> str:
+        state = node.image_state
+        wanted = self.catalog.digest(node.config.image)
+        if state == "active" and wanted is not None and node.image_digest != wanted:
+            return "stale"
+        return state
 
     # -- observations ------------------------------------------------------------------
 
@@ -96,11 +121,29 @@ class Lifecycle:
             node.power = values["power"]
         if values.get("run") == "unknown":
             self.inventory.forget(node, "forgotten on a power change")
+            self.assigned.pop(name, None)
 
     def observed(self, node: Node) -> None:
-        """The inventory saw a change (run state, busy) on a node."""
-        if node.name in self.drivers:
-            self.engine.observe(node.name, run=str(node.run_state), busy=node.busy)
+        """The inventory saw a change (run state, busy, image) on a node."""
+        self.engine.observe(node.name, run=str(node.run_state), busy=node.busy,
+                            image=self._image_state(node))  # fmt: skip
+
+    def image_ready(self, name: str) -> None:
+        """An image has a new digest (first pull, or a moved tag after a reload)."""
+        for node in self.inventory.nodes.values():
+            if node.config.image == name:
+                self.observed(node)
+
+    def instructions(self, node: Node) -> dict[str, Any]:
+        """What the agent is told in the answer to its report: the image to run."""
+        digest = self.assigned.get(node.name)
+        name = node.config.image
+        spec = (
+            self.catalog.spec(name, digest, self.inventory.config.server.url)
+            if name and digest
+            else None
+        )
+        return {"image": spec}
 
     def saw_power(self, node: Node, state: str) -> None:
         # hang is the engine's own conclusion about a node that is "on": a BMC saying
@@ -148,6 +191,11 @@ class Lifecycle:
     async def act(self, name: str, action: str) -> None:
         """Carry out one action the engine fired; errors propagate to the engine."""
         node = self.inventory.nodes[name]
+        if action == "image_assign":
+            image = self.catalog.current(node.config.image or "")
+            self.assigned[name] = image.digest
+            log.info("%s: assigned image %s %s", name, node.config.image, image.digest[:19])
+            return
         driver = self.drivers[name]
         log.info("%s: %s", name, action.replace("_", " "))
         try:
@@ -185,7 +233,7 @@ class Lifecycle:
                  " (override)" if power else " (from the file)")  # fmt: skip
         self.engine.set_cfg(name, **desired(node.config, self.overrides.get(name)))
 
-    def desired_of(self, name: str) -> dict[str, str]:
+    def desired_of(self, name: str) -> dict[str, str | None]:
         return desired(self.inventory.nodes[name].config, self.overrides.get(name))
 
     async def cycle(self, name: str) -> None:
@@ -215,7 +263,7 @@ class Lifecycle:
         return {
             "name": name,
             "dsc": self._dsc(node),
-            "cfg": self.desired_of(name),
+            "cfg": {k: v for k, v in self.desired_of(name).items() if v is not None},
             "path": self._path(name) if managed else None,
         }
 
@@ -239,14 +287,15 @@ class Lifecycle:
         if added or removed or changed:
             self.overrides.clear()
         for name in removed | changed:
+            self.engine.remove_node(name)
             driver = self.drivers.pop(name, None)
             if driver is not None:
-                self.engine.remove_node(name)
                 await driver.close()
         for name in added | changed:
             self._add(self.inventory.nodes[name])
-        for name in self.drivers:
+        for name in config.nodes:
             self.engine.set_cfg(name, **desired(config.nodes[name]))
+            self.observed(self.inventory.nodes[name])  # the wanted digest may differ now
 
     async def close(self) -> None:
         for driver in self.drivers.values():

@@ -64,6 +64,9 @@ class Node:
     hostname: str | None = None
     busy: str = "unknown"
     power: str = "unknown"
+    image_state: str = "unknown"  # as the agent reports it
+    image_digest: str | None = None
+    image_error: str | None = None
     last_report: float | None = None
     boot: Boot | None = None
     boots: int = 0
@@ -82,6 +85,12 @@ class Node:
             "hostname": self.hostname,
             "busy": self.busy,
             "power": self.power,
+            "image": {
+                "name": self.config.image,
+                "state": self.image_state,
+                "digest": self.image_digest,
+                "error": self.image_error,
+            },
             "group": self.config.group,
             "run_state": str(self.run_state),
             "boots": self.boots,

@@ -12,7 +12,9 @@ from pathlib import Path
 from aiohttp import web
 
 from layerpy.boot import BootPolicy
+from layerpy.catalog import Catalog
 from layerpy.config import Config, ConfigError, ReloadRefused, load
+from layerpy.images import ImageStore
 from layerpy.inventory import Inventory
 from layerpy.lifecycle import Lifecycle
 from layerpy.services.dhcp import start_dhcp
@@ -30,7 +32,8 @@ class Server:
         self.stats = Stats()
         self.inventory = Inventory(config)
         self.policy = BootPolicy(self.inventory)
-        self.lifecycle = Lifecycle(self.inventory, config.server.power_poll)
+        self.catalog = Catalog(ImageStore(config.server.state_dir / "images"))
+        self.lifecycle = Lifecycle(self.inventory, self.catalog, config.server.power_poll)
         self._closers: list[object] = []
         self._runner: web.AppRunner | None = None
 
@@ -56,6 +59,7 @@ class Server:
             log.error("reload refused, the running configuration stays: %s", problem)
             raise ReloadRefused([problem])
         added, removed, changed = self.inventory.apply(config)
+        self.catalog.sync(config, self.lifecycle.image_ready)
         await self.lifecycle.applied(config, added, removed, changed)
         log.info(
             "reloaded %s: %d nodes, added %s, removed %s, changed %s", config.path,
@@ -65,8 +69,14 @@ class Server:
 
     async def start(self) -> None:
         server = self.config.server
+        self.catalog.sync(self.config, self.lifecycle.image_ready)
         app = build_app(
-            self.policy, self.stats, self.reload, self.lifecycle, log_requests=server.log_requests
+            self.policy,
+            self.stats,
+            self.reload,
+            self.lifecycle,
+            self.catalog,
+            log_requests=server.log_requests,
         )
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()

@@ -95,7 +95,7 @@ def test_kernel_initrd_and_timeline(host: Netns, tmp_path: Path) -> None:
         assert code == 200 and body == (tmp_path / path).read_text()
     code, partial = curl(host, "-r", "0-6", f"{BASE}/minos/kernel")
     assert code == 206 and partial == "vmlinuz"
-    assert report(host, token=token) == (200, {"heartbeat": 2.0, "node": "cn001"})
+    assert report(host, token=token) == (200, {"heartbeat": 2.0, "node": "cn001", "image": None})
     assert report(host, token=token, event="heartbeat", seq=2)[0] == 200
     node = json.loads(curl(host, f"{BASE}/api/v1/nodes/cn001")[1])
     assert node["run_state"] == "ready"

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from layerpy import hostlist
 from layerpy.boot import BootPolicy
+from layerpy.catalog import Catalog
 from layerpy.config import ReloadRefused
 from layerpy.inventory import Inventory, ReportRejected
 from layerpy.stats import Stats
@@ -38,6 +39,8 @@ STATS: web.AppKey[Stats] = web.AppKey("stats", Stats)
 LOG_REQUESTS: web.AppKey[bool] = web.AppKey("log_requests", bool)
 RELOAD: web.AppKey[Callable[[], Awaitable[dict[str, list[str]]]]] = web.AppKey("reload")
 POWER: web.AppKey[PowerControl] = web.AppKey("power")
+CATALOG: web.AppKey[Catalog] = web.AppKey("catalog", Catalog)
+IMAGE_FILES = ("rootfs.tar", "rootfs.squashfs", "config.json")
 
 
 def build_app(
@@ -45,10 +48,12 @@ def build_app(
     stats: Stats,
     reload: Callable[[], Awaitable[dict[str, list[str]]]],
     power: PowerControl,
+    catalog: Catalog,
     *,
     log_requests: bool = False,
 ) -> web.Application:
     app = web.Application(middlewares=[_profile], client_max_size=1024 * 1024)
+    app[CATALOG] = catalog
     app[RELOAD] = reload
     app[POWER] = power
     app[POLICY] = policy
@@ -67,6 +72,8 @@ def build_app(
             web.get("/api/v1/stats", show_stats),
             web.get("/metrics", metrics),
             web.post("/api/v1/reload", reload_config),
+            web.get("/images/{digest}/{file}", image_file),
+            web.get("/api/v1/images", list_images),
             web.post("/api/v1/power", power_action),
             web.get("/api/v1/plan", plan),
             web.get("/api/v1/nodes/{name}/explain", explain),
@@ -195,6 +202,25 @@ def _expand_nodes(request: web.Request, expression: str) -> list[str]:
     if missing:
         raise web.HTTPNotFound(text=f"not in the node file: {', '.join(missing)}\n")
     return names
+
+
+async def image_file(request: web.Request) -> web.StreamResponse:
+    """A flattened image (tar or squashfs, with Range) or its config, by manifest digest."""
+    digest, name = request.match_info["digest"], request.match_info["file"]
+    image = request.app[CATALOG].store.get(digest)
+    if image is None or name not in IMAGE_FILES:
+        raise web.HTTPNotFound(text=f"no {name} for image {digest}\n")
+    if name == "config.json":
+        return web.json_response(image.config)
+    path = image.rootfs if name == "rootfs.tar" else image.squashfs
+    if path is None:
+        raise web.HTTPNotFound(text=f"image {digest} has no squashfs (tar2sqfs missing)\n")
+    return web.FileResponse(path)
+
+
+async def list_images(request: web.Request) -> web.Response:
+    entries = request.app[CATALOG].entries.values()
+    return web.json_response([entry.as_json() for entry in entries])
 
 
 async def list_nodes(request: web.Request) -> web.Response:
