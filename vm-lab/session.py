@@ -40,12 +40,21 @@ BMCS = {"cn001": "10.99.1.11", "cn002": "10.99.1.12", "cn003": "10.99.1.13", "cn
 class LabSession:
     """A running lab: namespace, bridge, ``layerpy serve`` and the VMs started so far."""
 
-    def __init__(self, run_dir: Path, config: Path = LAB_CONFIG) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        config: Path = LAB_CONFIG,
+        before_serve: Callable[[Lab], object] | None = None,
+    ) -> None:
+        """`before_serve(lab)` runs inside the new lab before the server starts (to start
+        what the server needs at once, such as a registry)."""
         self.run_dir = Path(run_dir).resolve()
         self.config = config
         self.lab = Lab(self.run_dir)
         self.bmcs: dict[str, subprocess.Popen[bytes]] = {}
         try:
+            if before_serve is not None:
+                before_serve(self.lab)
             self.serve_log = self.run_dir / "serve.log"
             command = [
                 str(LAYERPY),

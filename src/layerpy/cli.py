@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import sys
+import time
 import tomllib
 import urllib.error
 import urllib.request
@@ -32,7 +34,8 @@ OPTIONAL_CONFIG = click.option("-c", "--config", "config_path", type=click.Path(
 SERVER_OPTION = click.option(
     "--server", "server_url", help="Server URL (default: 127.0.0.1 and the node file's port)."
 )
-console = Console()
+# piped output is not squeezed to 80 columns: scripts and logs read whole lines
+console = Console(width=None if sys.stdout.isatty() else 200)
 
 
 def _load_or_exit(path: Path) -> Config:
@@ -181,6 +184,85 @@ def explain(node: str, config_path: Path | None, server_url: str | None) -> None
     """Why a node is as it is: cfg vs dsc, the mutation in flight, recent failures."""
     answer = _api(_server_url(config_path, server_url), f"/api/v1/nodes/{node}/explain")
     click.echo(json.dumps(answer, indent=2))
+
+
+@main.group()
+def image() -> None:
+    """Pull and look at system images (in the state directory's image store)."""
+
+
+STATE_DIR_OPTION = click.option(
+    "--state-dir", type=click.Path(path_type=Path), help="Override server.state_dir of the file."
+)
+
+
+def _store(config: Config, state_dir: Path | None) -> Any:
+    from layerpy.images import ImageStore
+
+    return ImageStore((state_dir or config.server.state_dir) / "images")
+
+
+@image.command("pull")
+@click.argument("name")
+@CONFIG_OPTION
+@STATE_DIR_OPTION
+def image_pull(name: str, config_path: Path, state_dir: Path | None) -> None:
+    """Pull NAME, an image of the node file or a source (registry://…, oci-layout:…)."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+    from layerpy.images import ImageError, parse_source
+
+    config = _load_or_exit(config_path)
+    try:
+        source = config.images[name].source if name in config.images else parse_source(name)
+    except ValueError as error:
+        raise click.BadParameter(f"{error}; or one of: {', '.join(config.images)}") from None
+    columns = ("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn())
+    with Progress(
+        *columns, console=console, transient=True, disable=not console.is_terminal
+    ) as progress:
+        task = progress.add_task(f"pulling {name}", total=None)
+
+        def advance(done: int, total: int | None) -> None:
+            progress.update(task, completed=done, total=total)
+
+        try:
+            pulled = asyncio.run(_store(config, state_dir).pull(name, source, advance))
+        except ImageError as error:
+            click.echo(f"layerpy image pull: {error}", err=True)
+            sys.exit(1)
+    click.echo(
+        f"{name}: {pulled.digest} ({pulled.layers} layers, rootfs {pulled.rootfs_size:,} bytes,"
+        f" {pulled.seconds:.1f} s)"
+    )
+
+
+@image.command("list")
+@CONFIG_OPTION
+@STATE_DIR_OPTION
+def image_list(config_path: Path, state_dir: Path | None) -> None:
+    """The images in the store, oldest first."""
+    table = Table("digest", "source", "layers", "rootfs", "squashfs", "pulled")
+    for found in _store(_load_or_exit(config_path), state_dir).list():
+        squashfs = f"{found.squashfs_size:,}" if found.squashfs_size else "-"
+        pulled = time.strftime("%Y-%m-%d %H:%M", time.localtime(found.pulled_at))
+        table.add_row(found.digest[:19], found.source, str(found.layers),
+                      f"{found.rootfs_size:,}", squashfs, pulled)  # fmt: skip
+    console.print(table)
+
+
+@image.command("inspect")
+@click.argument("image_ref")
+@CONFIG_OPTION
+@STATE_DIR_OPTION
+def image_inspect(image_ref: str, config_path: Path, state_dir: Path | None) -> None:
+    """One image as JSON, by digest or by the node file's name for it."""
+    store = _store(_load_or_exit(config_path), state_dir)
+    found = store.get(image_ref) or store.named(image_ref)
+    if found is None:
+        click.echo(f"no image {image_ref!r} in {store.root} (pull it first)", err=True)
+        sys.exit(1)
+    click.echo(json.dumps(dataclasses.asdict(found), indent=2, default=str))
 
 
 def _values(values: dict[str, str]) -> str:

@@ -249,7 +249,10 @@ class Lifecycle:
 
     def status(self, name: str) -> dict[str, Any]:
         node = self.inventory.nodes[name]
+        entry = self.catalog.entries.get(node.config.image or "")
         return {
+            "image_wanted": node.config.image,
+            "image_problem": entry.error if entry else None,
             "power": node.power,
             "desired": self.desired_of(name).get("power"),
             "override": name in self.overrides,
