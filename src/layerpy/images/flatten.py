@@ -21,6 +21,7 @@ import tarfile
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 from layerpy.images.source import ImageError
 
@@ -221,19 +222,17 @@ def _write(out: tarfile.TarFile, root: _Node) -> None:
             )
 
 
-def _entry(path: str, node: _Node, first: dict[int, str]):
+def _entry(
+    path: str, node: _Node, first: dict[int, str]
+) -> tuple[tarfile.TarInfo, IO[bytes] | None]:
     """The output header for one node (numeric owners only), and its data if it has any."""
     entry = tarfile.TarInfo(path)
     source = node.inode.info
     if source is None:
         entry.type, entry.mode = tarfile.DIRTYPE, 0o755
         return entry, None
-    entry.mode, entry.uid, entry.gid, entry.mtime = (
-        source.mode,
-        source.uid,
-        source.gid,
-        source.mtime,
-    )
+    entry.mode, entry.mtime = source.mode, source.mtime
+    entry.uid, entry.gid = source.uid, source.gid
     entry.pax_headers = {k: v for k, v in source.pax_headers.items() if k.startswith(XATTR)}
     if node.children is not None:
         entry.type = tarfile.DIRTYPE

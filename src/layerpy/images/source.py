@@ -20,8 +20,9 @@ INDEX_TYPES = (OCI_INDEX, DOCKER_LIST)
 MANIFEST_TYPES = (OCI_MANIFEST, DOCKER_MANIFEST, *INDEX_TYPES)
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-_HOST = re.compile(
-    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)*|\[[0-9a-fA-F:.]+\])(?::[0-9]{1,5})?"
+_HOST = re.compile(  # a name or an address, with an optional port
+    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)*|\[[0-9a-fA-F:.]+\])"
+    r"(?::[0-9]{1,5})?"
 )
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _REPO = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")

@@ -127,7 +127,8 @@ class ImageStore:
                 arch = config.get("architecture", self.arch)
                 if arch != self.arch:
                     raise ImageError(f"{fetcher.where}: image is for {arch}, not {self.arch}")
-                settings = config.get("config") or {}
+                settings = config.get("config")
+                settings = settings if isinstance(settings, dict) else {}
                 image = await asyncio.to_thread(
                     self._build,
                     digest,
@@ -179,7 +180,7 @@ class ImageStore:
                 and isinstance(item.get("size"), int)
                 and item["size"] >= 0
             ):
-                raise ImageError(f"{where}: bad descriptor in the manifest: {item!r}"[:300])
+                raise ImageError(f"{where}: the manifest has a bad blob descriptor")
         return found
 
     def _blob(self, digest: str) -> Path:
