@@ -97,8 +97,39 @@ def exercise() -> None:
         agent._save_state()
         assert body_["agent_version"] == layerpy.__version__
         json.dumps(body_)
+        exercise_runner(tmp)
     finally:
         shutil.rmtree(tmp)
+
+
+def exercise_runner(tmp: str) -> None:
+    """The image runner without mounts or containers: a data: URL download with its hash
+    check, a tar unpacked, the runner's bookkeeping."""
+    import base64
+    import hashlib
+    import io
+    import json
+    import tarfile
+
+    from layerpy.agent import container
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        info = tarfile.TarInfo("etc/marker")
+        info.size = 3
+        tf.addfile(info, io.BytesIO(b"ok\n"))
+    data = buf.getvalue()
+    url = "data:application/x-tar;base64," + base64.b64encode(data).decode()
+    path, root = os.path.join(tmp, "rootfs.tar"), os.path.join(tmp, "root")
+    container.download(url, path, hashlib.sha256(data).hexdigest(), len(data), "sha256:x")
+    os.mkdir(root)
+    container.extract_tar(path, root)
+    with open(os.path.join(root, "etc", "marker"), "rb") as f:
+        assert f.read() == b"ok\n"
+    runner = container.Runner(os.path.join(tmp, "run"), lambda msg: None, "n1", console=os.devnull)
+    runner.want(None)
+    runner.tick()
+    json.dumps(runner.report())
 
 
 def trace() -> None:

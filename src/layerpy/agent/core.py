@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import layerpy
 from layerpy.agent.cmdline import Config, read_cmdline
+from layerpy.agent.container import Runner
 from layerpy.agent.net import Nic, source_address
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
@@ -134,8 +135,10 @@ class Agent:
         sleep: Callable[[float], object] = time.sleep,
         stopped: Callable[[], bool] = lambda: False,
         agent_start: float | None = None,
+        runner: Runner | None = None,
     ) -> None:
         self.cfg = cfg
+        self.runner = runner
         self.log = log
         self.no_net = no_net
         self.state_dir = state_dir
@@ -219,7 +222,12 @@ class Agent:
             url = urllib.parse.urlsplit(self.cfg.server)
             mac, ip = self.cfg.bootif, source_address(url.hostname or "", url.port or 80)
         busy = "busy" if os.path.exists(os.path.join(self.state_dir, "busy")) else "free"
-        return {"mac": mac, "ip": ip, "hostname": socket.gethostname(), "busy": busy}
+        facts = {"mac": mac, "ip": ip, "hostname": socket.gethostname(), "busy": busy}
+        if self.runner is not None:
+            image = self.runner.report()
+            for key in ("image_state", "image_digest", "image_error"):
+                facts[key] = image[key] or ""
+        return facts
 
     def body(self, obs: dict[str, str], event: str) -> dict:
         return {
@@ -236,6 +244,7 @@ class Agent:
             "uptime": uptime(),
             "timeline": dict(self.timeline),
             "agent_version": layerpy.__version__,
+            **(self.runner.report() if self.runner is not None else {}),
         }
 
     def report(self, obs: dict[str, str]) -> Outcome:
@@ -252,6 +261,8 @@ class Agent:
             self.sent = obs
             self.last_response = out.body if isinstance(out.body, dict) else {}
             self._apply_heartbeat(self.last_response.get("heartbeat"))
+            if self.runner is not None and "image" in self.last_response:
+                self.runner.want(self.last_response["image"])
             if event == "hello":
                 self.hello_done = True
                 self.log(
@@ -317,6 +328,8 @@ class Agent:
                 if left <= 0:
                     break
                 self.sleep(min(left, self.poll))
+                if self.runner is not None:
+                    self.runner.tick()
                 if self.nic is not None and time.monotonic() - last_dhcp_check > 10:
                     last_dhcp_check = time.monotonic()
                     self.nic.keep_dhcp()
@@ -357,7 +370,10 @@ def main() -> None:
             cfg = load_config(log, time.sleep, lambda: False)
             log(f"server {cfg.server}, boot interface {cfg.bootif or 'first Ethernet'}")
             state_dir = os.environ.get("LAYERPY_STATE_DIR", STATE_DIR)
-            Agent(cfg, log, no_net=no_net, state_dir=state_dir, agent_start=start).run()
+            runner = Runner(state_dir, log, cfg.node)
+            Agent(
+                cfg, log, no_net=no_net, state_dir=state_dir, agent_start=start, runner=runner
+            ).run()
         except KeyboardInterrupt:
             log("interrupted")
             raise SystemExit(130) from None

@@ -1,0 +1,522 @@
+"""The image runner for real: root, busybox namespaces, loop/squashfs/overlay/tmpfs mounts.
+
+Images are a tiny rootfs (Debian's static busybox plus a few applet links and a marker
+file) packed as a tar, and as a squashfs when tar2sqfs is installed, served by a loopback
+http.server. Every test tears down its containers and mounts, also when it fails.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.server
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pytest
+
+from layerpy.agent.container import PullError, Runner, extract_tar
+
+BUSYBOX = "/bin/busybox"
+NODE = "node-t1"
+APPLETS = ("sh", "echo", "sleep", "cat")
+# What a test container runs: prints what the tests check, then sleeps until stopped.
+PROBE = (
+    'echo "up $MARK $(cat /etc/marker) in $PWD"; cat /proc/sys/kernel/hostname;'
+    " echo procs /proc/[0-9]*; exec sleep 1000"
+)
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not os.path.exists(BUSYBOX), reason="needs root and /bin/busybox"
+)
+
+
+# -- images and the server they come from --------------------------------------------
+
+
+def rootfs_tar(marker: str, init: str | None = None) -> bytes:
+    """busybox + links + /etc/marker (+ /sbin/init), as a tar in memory."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for d in ("bin", "etc", "sbin"):
+            ti = tarfile.TarInfo(d)
+            ti.type, ti.mode = tarfile.DIRTYPE, 0o755
+            tf.addfile(ti)
+        tf.add(BUSYBOX, "bin/busybox")
+        for name in APPLETS:
+            ti = tarfile.TarInfo(f"bin/{name}")
+            ti.type, ti.linkname = tarfile.SYMTYPE, "busybox"
+            tf.addfile(ti)
+        files = {"etc/marker": (marker + "\n", 0o644)}
+        if init is not None:
+            files["sbin/init"] = (init, 0o755)
+        for name, (text, mode) in files.items():
+            data = text.encode()
+            ti = tarfile.TarInfo(name)
+            ti.size, ti.mode = len(data), mode
+            tf.addfile(ti, io.BytesIO(data))
+    return buf.getvalue()
+
+
+class Handler(http.server.SimpleHTTPRequestHandler):
+    """Serves the image directory; files under slow/ trickle (64 KiB per 50 ms)."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def copyfile(self, source: BinaryIO, outputfile: BinaryIO) -> None:
+        if not self.path.startswith("/slow/"):
+            return super().copyfile(source, outputfile)
+        while chunk := source.read(65536):
+            outputfile.write(chunk)
+            time.sleep(0.05)
+        return None
+
+
+class Server(http.server.ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        """Superseded pulls hang up mid-file: not worth a traceback."""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    root = tmp_path_factory.mktemp("images")
+    (root / "slow").mkdir()
+    srv = Server(("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{srv.server_port}"
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.fixture
+def image(server: tuple[Path, str]) -> Callable[..., dict]:
+    """Builds and serves an image; returns the spec the server would send for it."""
+    root, base = server
+
+    def make(
+        marker: str,
+        fmt: str = "tar",
+        cmd: list[str] | None = None,
+        init: str | None = None,
+        slow: bool = False,
+    ) -> dict:
+        data = rootfs_tar(marker, init)
+        if fmt == "squashfs":
+            out = root / f"{marker}.tmp"
+            subprocess.run(["tar2sqfs", "-q", "-f", str(out)], input=data, check=True)
+            data = out.read_bytes()
+            out.unlink()
+        sha = hashlib.sha256(data).hexdigest()
+        name = f"{'slow/' if slow else ''}{sha}.{fmt}"
+        (root / name).write_bytes(data)
+        return {
+            "name": "base",
+            "digest": f"sha256:{hashlib.sha256(marker.encode()).hexdigest()}",
+            "url": f"{base}/{name}",
+            "format": fmt,
+            "sha256": sha,
+            "size": len(data),
+            "config": {
+                "Entrypoint": ["/bin/sh", "-c"],
+                "Cmd": [PROBE],
+                "Env": ["PATH=/bin", f"MARK={marker}"],
+                "WorkingDir": "/srv/app",
+                "User": "",
+            },
+            "systemd": init is not None,
+            "command": cmd,
+        }
+
+    return make
+
+
+# -- runners, and cleaning up after them -----------------------------------------------
+
+
+def mounts_under(path: Path) -> list[str]:
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        points = [line.split()[4] for line in f]
+    return [m for m in points if m.startswith(str(path.resolve()) + "/")]
+
+
+def proc_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def hard_cleanup(state: Path) -> None:
+    """Kill whatever still runs from ``state`` and unmount it, whatever the runner thinks."""
+    needle = str(state.resolve()).encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if needle in f.read():
+                        pids.append(int(entry))
+            except OSError:
+                pass
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while any(proc_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for mount in reversed(mounts_under(state)):
+        subprocess.run([BUSYBOX, "umount", "-l", mount], check=False)
+
+
+class Agent:
+    """A Runner plus the ticking the agent loop would do, with its log kept."""
+
+    def __init__(self, state: Path, console: Path, **kw: Any) -> None:
+        self.lines: list[str] = []
+        self.seen: list[str] = []
+        kw.setdefault("backoff", (0.05, 0.2))
+        kw.setdefault("pull_backoff", (0.1, 0.2))
+        kw.setdefault("stop_timeout", 5.0)
+        self.r = Runner(str(state), self._log, NODE, console=str(console), **kw)
+
+    def _log(self, msg: str) -> None:
+        print(msg)
+        self.lines.append(msg)
+
+    def wait(self, pred: Callable[[dict], bool], timeout: float = 10.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            self.r.tick()
+            rep = self.r.report()
+            if not self.seen or self.seen[-1] != rep["image_state"]:
+                self.seen.append(rep["image_state"])
+            if pred(rep):
+                return rep
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out; last report {rep}")
+            time.sleep(0.02)
+
+    def state(self, state: str, digest: str | None = None) -> dict:
+        """Waits for ``state`` (and ``digest``); "active" also waits for the container's
+        PID 1, which exists a moment after ``unshare`` does."""
+        return self.wait(
+            lambda r: (
+                r["image_state"] == state
+                and (digest is None or r["image_digest"] == digest)
+                and (state != "active" or r["container_pid"] is not None)
+            )
+        )
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[Callable[..., Agent]]:
+    made: list[Agent] = []
+
+    def make(**kw: Any) -> Agent:
+        a = Agent(tmp_path / "state", tmp_path / "console.log", **kw)
+        made.append(a)
+        return a
+
+    yield make
+    try:
+        if made:  # only the last agent lives: the earlier ones stand for dead processes
+            made[-1].r.want(None)
+            made[-1].state("none")
+    finally:
+        hard_cleanup(tmp_path / "state")
+    assert mounts_under(tmp_path / "state") == []
+    assert not [ln for a in made for ln in a.lines if "did not stop" in ln]  # stops are prompt
+
+
+def console(tmp_path: Path, text: str, timeout: float = 5.0) -> str:
+    """The console log once it contains ``text``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        log = (tmp_path / "console.log").read_text() if (tmp_path / "console.log").exists() else ""
+        if text in log:
+            return log
+        if time.monotonic() > deadline:
+            pytest.fail(f"{text!r} not on the console:\n{log}")
+        time.sleep(0.02)
+
+
+def children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as f:
+        return [int(x) for x in f.read().split()]
+
+
+def images(tmp_path: Path) -> list[str]:
+    return sorted(os.listdir(tmp_path / "state" / "images"))
+
+
+# -- tar extraction (no mounts) --------------------------------------------------------
+
+
+def make_tar(path: Path, *members: tuple[str, str, str]) -> None:
+    """Members are (type, name, content or link target): type f, d, l (symlink), h (hard)."""
+    with tarfile.open(path, "w") as tf:
+        for kind, name, arg in members:
+            ti = tarfile.TarInfo(name)
+            ti.mode = 0o4755 if kind in "fh" else 0o755  # a hard link carries its file's
+            ti.uid, ti.gid = (1234, 567) if kind in "fh" else (0, 0)
+            if kind == "f":
+                ti.size = len(arg)
+                tf.addfile(ti, io.BytesIO(arg.encode()))
+                continue
+            ti.type = {"d": tarfile.DIRTYPE, "l": tarfile.SYMTYPE, "h": tarfile.LNKTYPE}[kind]
+            ti.linkname = arg
+            tf.addfile(ti)
+
+
+def test_extract_tar_keeps_owners_modes_and_links(tmp_path: Path) -> None:
+    make_tar(
+        tmp_path / "ok.tar",
+        ("d", "/usr", ""),
+        ("f", "/usr/su", "x"),
+        ("h", "usr/su2", "/usr/su"),
+        ("l", "etc", "/usr"),  # absolute symlinks are fine: they resolve inside the chroot
+    )
+    root = tmp_path / "root"
+    root.mkdir()
+    extract_tar(str(tmp_path / "ok.tar"), str(root))
+    st = os.stat(root / "usr" / "su")
+    assert (st.st_mode & 0o7777, st.st_uid, st.st_gid, st.st_nlink) == (0o4755, 1234, 567, 2)
+    assert os.readlink(root / "etc") == "/usr"
+
+
+@pytest.mark.parametrize(
+    ("members", "bad"),
+    [
+        ([("f", "../evil", "x")], "../evil"),
+        ([("l", "up", "/"), ("f", "up/tmp/evil", "x")], "up/tmp/evil"),
+        ([("l", "up", "../../.."), ("d", "up/evil", "")], "up/evil"),
+        ([("h", "pw", "../../etc/passwd")], "../../etc/passwd"),
+    ],
+)
+def test_extract_tar_refuses_escapes(
+    tmp_path: Path, members: list[tuple[str, str, str]], bad: str
+) -> None:
+    make_tar(tmp_path / "bad.tar", *members)
+    root = tmp_path / "a" / "b" / "root"
+    root.mkdir(parents=True)
+    with pytest.raises(PullError, match=f"tar entry {re.escape(repr(bad))} escapes"):
+        extract_tar(str(tmp_path / "bad.tar"), str(root))
+    assert not (tmp_path / "evil").exists() and not Path("/tmp/evil").exists()
+
+
+# -- containers ------------------------------------------------------------------------
+
+
+def test_tar_image_runs_isolated_and_updates(tmp_path: Path, agent, image) -> None:
+    a = agent()
+    spec_a, spec_b = image("A"), image("B")
+    a.r.want(spec_a)
+    assert a.r.report()["image_state"] == "pulling"  # at once, not when the thread runs
+    rep = a.state("active", spec_a["digest"])
+    assert rep["image"] == "base" and rep["image_error"] is None
+    pid = rep["container_pid"]
+    log = console(tmp_path, "procs")
+    assert "[base] up A A in /srv/app" in log
+    assert f"[base] {NODE}\n" in log
+    procs = log.split("[base] procs ")[1].split("\n")[0].split()
+    assert procs[0] == "/proc/1" and len(procs) == 2  # its PID 1 (the shim) and itself
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        nspid = f.read().split("NSpid:")[1].split("\n")[0].split()
+    assert nspid == [str(pid), "1"]
+    for ns in ("pid", "uts", "ipc", "mnt"):
+        assert os.readlink(f"/proc/{pid}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}")
+    assert os.readlink(f"/proc/{pid}/ns/net") == os.readlink("/proc/self/ns/net")
+    (cmd,) = children(pid)
+    with open(f"/proc/{cmd}/environ", "rb") as f:
+        env = dict(v.split("=", 1) for v in f.read().decode().split("\0") if v)
+    want = {"PATH": "/bin", "HOME": "/root", "HOSTNAME": NODE, "MARK": "A", "container": "layerpy"}
+    assert env.pop("PWD") == "/srv/app" and env.pop("SHLVL") == "1"  # set by the image's sh
+    assert env == want  # nothing of the agent's environment
+    with open(tmp_path / "state" / "container.json", encoding="utf-8") as f:
+        assert json.load(f)["image"]["spec"]["digest"] == spec_a["digest"]
+    mounts_a = mounts_under(tmp_path / "state")
+    assert len(mounts_a) == 1  # the tmpfs the tar went into; the tar file itself is gone
+    (dir_a,) = images(tmp_path)
+    assert os.listdir(tmp_path / "state" / "images" / dir_a) == ["root"]
+
+    a.r.want(spec_b)
+    assert a.r.report()["image_state"] == "updating"
+    rep = a.state("active", spec_b["digest"])
+    pid_b = rep["container_pid"]
+    assert pid_b != pid and not proc_alive(pid)
+    console(tmp_path, "[base] up B B")
+    assert dir_a not in images(tmp_path) and len(images(tmp_path)) == 1
+    assert mounts_a[0] not in mounts_under(tmp_path / "state")
+    assert any("pulling (" in ln for ln in a.lines) and any("updating (" in ln for ln in a.lines)
+    assert any(re.search(r"base sha256:\w{12}… active in \d+\.\d s", ln) for ln in a.lines)
+
+    a.r.want(None)
+    assert a.state("none")["container_pid"] is None and not proc_alive(pid_b)
+    assert images(tmp_path) == [] and mounts_under(tmp_path / "state") == []
+    assert not (tmp_path / "state" / "container.json").exists()
+
+
+@pytest.mark.skipif(not shutil.which("tar2sqfs"), reason="tar2sqfs (squashfs-tools-ng) missing")
+def test_squashfs_image_under_overlay_is_released(tmp_path: Path, agent, image) -> None:
+    a = agent()
+    spec = image("S", "squashfs", cmd=["/bin/sh", "-c", "echo w > /etc/written; " + PROBE])
+    a.r.want(spec)
+    pid = a.state("active", spec["digest"])["container_pid"]
+    console(tmp_path, "[base] up S S")
+    (cmd,) = children(pid)
+    assert Path(f"/proc/{cmd}/root/etc/written").read_text() == "w\n"  # the overlay is writable
+    assert len(mounts_under(tmp_path / "state")) == 3  # squashfs, tmpfs upper, overlay
+
+    def loops() -> list[str]:
+        found = []
+        for dev in Path("/sys/block").glob("loop*"):
+            backing = dev / "loop" / "backing_file"
+            if backing.exists() and str(tmp_path) in backing.read_text():
+                found.append(dev.name)
+        return found
+
+    assert len(loops()) == 1
+    spec_t = image("T")
+    a.r.want(spec_t)
+    a.state("active", spec_t["digest"])
+    assert len(mounts_under(tmp_path / "state")) == 1
+    a.wait(lambda r: loops() == [], timeout=2.0)  # the loop device clears itself on release
+
+
+def test_bad_sha256_is_an_error_and_the_old_container_keeps_running(
+    tmp_path: Path, agent, image
+) -> None:
+    a = agent()
+    good = image("A")
+    a.r.want(good)
+    pid = a.state("active")["container_pid"]
+    bad = image("B")
+    real = bad["sha256"]
+    bad["sha256"] = "0" * 64
+    a.r.want(bad)
+    rep = a.state("error")
+    assert rep["image_error"] == f"sha256 mismatch for {bad['digest']}: got {real}"
+    assert rep["image_digest"] == bad["digest"] and rep["container_pid"] == pid
+    a.wait(lambda r: sum("sha256 mismatch" in ln for ln in a.lines) >= 2)  # retried
+    assert proc_alive(pid)
+    a.r.want(good)  # the server goes back to what runs: no restart, error gone
+    rep = a.state("active", good["digest"])
+    assert rep["container_pid"] == pid and rep["image_error"] is None
+    a.wait(lambda r: len(images(tmp_path)) == 1)
+
+
+def test_crash_loop_backs_off_then_errors(tmp_path: Path, agent, image) -> None:
+    a = agent()
+    spec = image("C", cmd=["/bin/sh", "-c", "echo boom; exit 3"])
+    a.r.want(spec)
+    rep = a.state("error")
+    assert re.fullmatch(r"container exited 5 times in \d+ s \(last: 3\)", rep["image_error"])
+    delays = [ln.split("restarting in ")[1] for ln in a.lines if "exited with 3" in ln]
+    assert delays[:5] == ["0.05 s", "0.1 s", "0.2 s", "0.2 s", "0.2 s"]
+    assert console(tmp_path, "boom").count("[base] boom") >= 5
+    assert "active" in a.seen  # it was up between deaths
+
+
+def test_systemd_mode_execs_init_as_pid1_and_stops_it_with_sigrtmin3(
+    tmp_path: Path, agent, image
+) -> None:
+    rtmin3 = int(signal.SIGRTMIN) + 3
+    init = (
+        "#!/bin/sh\n"
+        'echo "init pid $$ container=$container"\n'
+        f"trap 'echo halting; exit 0' {rtmin3}\n"
+        "while :; do sleep 1 & wait; done\n"
+    )
+    a = agent()
+    spec = image("D", init=init)
+    a.r.want(spec)
+    a.state("active")
+    console(tmp_path, "init pid 1 container=layerpy")
+    a.r.want(None)
+    a.state("none")
+    console(tmp_path, "halting")
+    assert not any("did not stop" in ln for ln in a.lines)
+    assert any(re.fullmatch(r"container stopped \(0\) in 0\.\d s", ln) for ln in a.lines)
+
+
+def test_new_digest_supersedes_a_pull(tmp_path: Path, agent, image) -> None:
+    a = agent()
+    slow, fast = image("E", slow=True), image("F")
+    a.r.want(slow)
+    time.sleep(0.2)
+    assert a.r.report()["image_state"] == "pulling"
+    a.r.want(fast)
+    a.state("active", fast["digest"])
+    assert any("superseded, dropped" in ln for ln in a.lines)
+    assert len(images(tmp_path)) == 1
+
+
+def test_restarted_agent_adopts_the_container_and_cleans_up(tmp_path: Path, agent, image) -> None:
+    spec = image("G")
+    state = tmp_path / "state"
+    # The first agent pulls, starts the container and dies (busybox init would respawn it).
+    script = (
+        "import json, os, sys, time\n"
+        "from layerpy.agent.container import Runner\n"
+        f"r = Runner({str(state)!r}, lambda m: None, {NODE!r}, console={str(tmp_path / 'console.log')!r})\n"
+        "r.want(json.loads(sys.argv[1]))\n"
+        "while r.report()['image_state'] != 'active' or not r.report()['container_pid']:\n"
+        "    r.tick(); time.sleep(0.02)\n"
+        "print(r.report()['container_pid'])\n"
+        "os._exit(0)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(spec)], capture_output=True, timeout=20
+    )
+    assert out.returncode == 0, out.stderr.decode()
+    pid = int(out.stdout)
+    console(tmp_path, "[base] up G G")
+
+    junk = state / "images" / "junk" / "root"  # left by an agent killed mid-pull
+    junk.mkdir(parents=True)
+    subprocess.run([BUSYBOX, "mount", "-t", "tmpfs", "tmpfs", str(junk)], check=True)
+
+    a2 = agent()
+    rep = a2.r.report()
+    assert rep["image_state"] == "active" and rep["container_pid"] == pid
+    assert any("adopted container pid" in ln for ln in a2.lines)
+    assert "junk" not in images(tmp_path) and str(junk) not in mounts_under(state)
+    a2.r.want(spec)  # the server still wants it: nothing to do
+    a2.wait(lambda r: True)
+    assert a2.r.report()["container_pid"] == pid
+
+    os.kill(pid, signal.SIGKILL)  # dies while its parent is not ours: no exit status
+    rep = a2.wait(lambda r: r["container_pid"] not in (None, pid) and r["image_state"] == "active")
+    assert any("exited with unknown status" in ln for ln in a2.lines)
+    new = rep["container_pid"]
+
+    # The second agent dies too: the third finds the container the second started.
+    a3 = agent()
+    assert a3.r.report()["container_pid"] == new
+    assert any("adopted container pid" in ln for ln in a3.lines)
+
+    # And the container dies while no agent runs: the next one restarts it from the
+    # prepared image, without asking the server for anything.
+    holder = json.loads((state / "container.json").read_text())["pid"]
+    os.kill(new, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while proc_alive(holder) and time.monotonic() < deadline:  # nobody ticks: no agent runs
+        time.sleep(0.02)
+    a4 = agent()
+    assert any("is gone; restarting it" in ln for ln in a4.lines)
+    rep = a4.wait(lambda r: r["container_pid"] not in (None, new))
+    assert rep["image_state"] == "active" and not any("pulling" in ln for ln in a4.lines)
