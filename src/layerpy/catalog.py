@@ -63,10 +63,13 @@ class Catalog:
     async def _pull(self, name: str, on_ready: Any) -> None:
         entry = self.entries[name]
         source = entry.config.source
-        log.info("%s: pulling %s", name, source.display())
+        log.info("%s: pulling %s", name, source)
         try:
             image = await self.store.pull(name, source)
-        except ImageError as error:
+        except Exception as error:  # whatever failed, the image keeps its last good digest
+            if not isinstance(error, ImageError):
+                log.exception("%s: pull failed", name)
+                error = ImageError(f"{name}: pull failed: {type(error).__name__}: {error}")
             entry.state, entry.error = "error", str(error)
             kept = f"; nodes keep {entry.image.digest[:19]}" if entry.image else ""
             log.error("%s%s", error, kept)
