@@ -21,9 +21,10 @@ from layerpy import hostlist
 from layerpy.images.source import ImageSource, parse_source
 from layerpy.power.base import DRIVERS, PowerSpec
 
-SECTIONS = ("server", "network", "minos", "ipxe", "images", "groups", "nodes")
+SECTIONS = ("server", "network", "minos", "ipxe", "images", "switches", "groups", "nodes")
 DHCP_MODES = ("authoritative", "off")
-NODE_KEYS = {"ip", "mac", "power", "bmc", "image"}
+NODE_KEYS = {"ip", "mac", "power", "bmc", "image", "location"}
+SWITCH_KEYS = {"chassis_id", "relay", "remote_id"}
 GROUP_KEYS = NODE_KEYS | {"nodes"}
 IMAGE_KEYS = {"source", "insecure", "systemd", "command", "user", "password_file", "password_env"}
 POWER_STATES = ("on", "off")
@@ -117,6 +118,17 @@ class ImageConfig:
 
 
 @dataclass(frozen=True)
+class SwitchConfig:
+    """A switch nodes are named by: its LLDP chassis id, and for DHCP option 82 the
+    address of its relay agent (giaddr) or the remote id it sends."""
+
+    name: str
+    chassis_id: str | None = None
+    relay: IPv4Address | None = None
+    remote_id: str | None = None
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     name: str
     ip: IPv4Address
@@ -125,6 +137,7 @@ class NodeConfig:
     power: str = "on"
     bmc: PowerSpec | None = None
     image: str | None = None
+    location: tuple[str, str] | None = None  # (switch, port)
 
 
 @dataclass(frozen=True)
@@ -135,6 +148,7 @@ class Config:
     minos: MinosConfig
     ipxe: IpxeConfig
     images: dict[str, ImageConfig] = field(default_factory=dict)
+    switches: dict[str, SwitchConfig] = field(default_factory=dict)
     nodes: dict[str, NodeConfig] = field(default_factory=dict)
 
 
@@ -245,7 +259,9 @@ class _Reader:
         minos = self.minos(data)
         ipxe = self.ipxe(data, server)
         images = self.images(data)
+        switches = self.switches(data)
         nodes = self.nodes(data, network, server)
+        self._check_locations(nodes, switches)
         for node in nodes.values():
             if node.image is not None and node.image not in images:
                 where = f"nodes.{node.name}" if node.group is None else f"groups.{node.group}"
@@ -256,7 +272,48 @@ class _Reader:
                 )
         if None in (server, network, minos) or self.problems:
             return None
-        return Config(self.file, server, network, minos, ipxe, images, nodes)  # type: ignore[arg-type]
+        return Config(self.file, server, network, minos, ipxe, images, switches, nodes)  # type: ignore[arg-type]
+
+    def switches(self, data: dict[str, Any]) -> dict[str, SwitchConfig]:
+        switches = {}
+        for name, table in self.table(data, "switches", None).items():
+            prefix = f"switches.{name}"
+            if not isinstance(table, dict):
+                self.problem(prefix, f"must be a table, not {_kind(table)}")
+                continue
+            self.unknown_keys(table, prefix, SWITCH_KEYS)
+            get = self._getter(table, prefix)
+            switch = SwitchConfig(
+                name,
+                get("chassis_id", str, _identifier),
+                get("relay", str, _ipv4),
+                get("remote_id", str),
+            )
+            if not (switch.chassis_id or switch.relay or switch.remote_id):
+                self.problem(prefix, "needs chassis_id (LLDP), relay or remote_id (DHCP option 82)")
+            switches[name] = switch
+        return switches
+
+    def _check_locations(
+        self, nodes: dict[str, NodeConfig], switches: dict[str, SwitchConfig]
+    ) -> None:
+        taken: dict[tuple[str, str], str] = {}
+        for node in nodes.values():
+            if node.location is None:
+                continue
+            where = f"nodes.{node.name}" if node.group is None else f"groups.{node.group}"
+            switch, port = node.location
+            if switch not in switches:
+                self.problem(
+                    f"{where}.location",
+                    f"{node.name}: no switch named {switch!r} (add a [switches.{switch}] table)",
+                )
+            elif node.location in taken:
+                self.problem(
+                    f"{where}.location",
+                    f"{node.name}: {switch}:{port} is already {taken[node.location]}'s location",
+                )
+            taken.setdefault(node.location, node.name)
 
     def images(self, data: dict[str, Any]) -> dict[str, ImageConfig]:
         images = {}
@@ -410,10 +467,11 @@ class _Reader:
         macs = get("mac", (list, str), _mac_list)
         power = get("power", str, _choice(POWER_STATES), default="on")
         image = get("image", str)
+        locations = get("location", str, _locations)
         if names is None or ips is None:
             return
         bmcs = self.bmcs(table.get("bmc"), f"{prefix}.bmc", names)
-        for key, values in (("ip", ips), ("mac", macs)):
+        for key, values in (("ip", ips), ("mac", macs), ("location", locations)):
             if values is not None and len(values) != len(names):
                 self.problem(
                     f"{prefix}.{key}",
@@ -427,7 +485,8 @@ class _Reader:
                 continue
             mac = macs[index] if macs else None
             bmc = bmcs[index] if bmcs else None
-            yield NodeConfig(node_name, ips[index], mac, name, power or "on", bmc, image)
+            location = locations[index] if locations else None
+            yield NodeConfig(node_name, ips[index], mac, name, power or "on", bmc, image, location)
 
     def override(self, name: str, table: Any, base: NodeConfig | None) -> NodeConfig | None:
         prefix = f"nodes.{name}"
@@ -443,10 +502,17 @@ class _Reader:
         mac = get("mac", str, _mac)
         power = get("power", str, _choice(POWER_STATES))
         image = get("image", str)
+        locations = get("location", str, _locations)
+        if locations is not None and len(locations) != 1:
+            self.problem(f"{prefix}.location", "a node has one location, like sw1:swp3")
+            locations = None
+        location = locations[0] if locations else None
         bmcs = self.bmcs(table.get("bmc"), f"{prefix}.bmc", [name])
         bmc = bmcs[0] if bmcs else None
         if base is None:
-            return NodeConfig(name, ip, mac, None, power or "on", bmc, image) if ip else None
+            if ip is None:
+                return None
+            return NodeConfig(name, ip, mac, None, power or "on", bmc, image, location)
         return replace(
             base,
             ip=ip or base.ip,
@@ -454,6 +520,7 @@ class _Reader:
             power=power or base.power,
             bmc=bmc or base.bmc,
             image=image or base.image,
+            location=location or base.location,
         )
 
     def bmcs(self, table: Any, prefix: str, names: list[str]) -> list[PowerSpec] | None:
@@ -637,6 +704,27 @@ def _mac_list(value: list[Any] | str) -> list[str]:
     if not all(isinstance(item, str) for item in items):
         raise ValueError("must be a list of MAC address strings")
     return [_mac(item) for item in items]
+
+
+def _locations(value: str) -> list[tuple[str, str]]:
+    """``sw1:swp[1-4]`` -> [("sw1", "swp1"), …]."""
+    try:
+        expanded = hostlist.expand(value)
+    except hostlist.HostlistError as error:
+        raise ValueError(str(error)) from None
+    locations = []
+    for item in expanded:
+        switch, colon, port = item.partition(":")
+        if not (colon and switch and port):
+            raise ValueError(f"{item!r} is not a location like sw1:swp3 (switch:port)")
+        locations.append((switch, port))
+    return locations
+
+
+def _identifier(value: str) -> str:
+    """A chassis id as LLDP renders it: MACs lowercase with colons, anything else as is."""
+    mac = value.strip().lower().replace("-", ":")
+    return mac if _MAC.match(mac) else value.strip()
 
 
 def _string_list(value: list[Any]) -> tuple[str, ...]:

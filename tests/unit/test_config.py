@@ -92,7 +92,7 @@ BROKEN = {
     "unknown section": (
         ("[ipxe]", "[ipx]"),
         [
-            "nodes.toml:18: ipx: unknown section (known: server, network, minos, ipxe, images, groups, nodes)"
+            "nodes.toml:18: ipx: unknown section (known: server, network, minos, ipxe, images, switches, groups, nodes)"
         ],
     ),
     "wrong type": (
@@ -335,3 +335,50 @@ def test_broken_images(write, change, expected) -> None:
         load(path)
     rendered = raised.value.render().replace(str(path), "nodes.toml")
     assert expected in rendered, rendered
+
+
+LOCATED = VALID.replace(
+    "[ipxe]", '[switches.sw1]\nchassis_id = "02-00-00-00-0A-01"\nrelay = "10.99.0.254"\n\n[ipxe]'
+).replace('nodes = "cn[001-003]"', 'nodes = "cn[001-003]"\nlocation = "sw1:swp[1-3]"')
+
+
+def test_locations(write) -> None:
+    config = load(write(LOCATED))
+    assert config.switches["sw1"].chassis_id == "02:00:00:00:0a:01"
+    assert str(config.switches["sw1"].relay) == "10.99.0.254"
+    assert [config.nodes[n].location for n in ("cn001", "cn003")] == [
+        ("sw1", "swp1"),
+        ("sw1", "swp3"),
+    ]
+    assert config.nodes["login"].location is None
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            ('location = "sw1:swp[1-3]"', 'location = "sw2:swp[1-3]"'),
+            "groups.compute.location: cn001: no switch named 'sw2' (add a [switches.sw2] table)",
+        ),
+        (
+            ('location = "sw1:swp[1-3]"', 'location = "sw1:swp[1-2]"'),
+            "groups.compute.location: has 2 entries for 3 nodes; ranges must have the same length",
+        ),
+        (
+            ("[nodes.login]", '[nodes.login]\nlocation = "sw1:swp2"'),
+            "nodes.login.location: login: sw1:swp2 is already cn002's location",
+        ),
+        (
+            ('location = "sw1:swp[1-3]"', 'location = "swp[1-3]"'),
+            "groups.compute.location: 'swp1' is not a location like sw1:swp3 (switch:port)",
+        ),
+        (
+            ('chassis_id = "02-00-00-00-0A-01"\nrelay = "10.99.0.254"', "mtu = 9000"),
+            "switches.sw1.mtu: unknown key (known keys: chassis_id, relay, remote_id)",
+        ),
+    ],
+)
+def test_broken_locations(write, change, expected) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load(write(LOCATED.replace(*change)))
+    assert expected in raised.value.render(), raised.value.render()
