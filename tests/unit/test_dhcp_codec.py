@@ -395,3 +395,16 @@ def test_reply_destination(fields: dict, nak: bool, expect: tuple[str, int]) -> 
     request = client(dhcp.REQUEST, **fields)
     reply = build_nak(request, OFFER.server_id) if nak else build_reply(request, OFFER)
     assert dhcp.reply_destination(request, reply) == expect
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (bytes.fromhex("01047377703102026877"), {1: b"swp1", 2: b"hw"}),
+        (bytes.fromhex("01047377"), {}),  # truncated sub-option
+        (b"", {}),
+    ],
+)
+def test_relay_agent_sub_options(value: bytes, expected: dict) -> None:
+    options = {dhcp.OPT_MESSAGE_TYPE: b"\x01"} | ({dhcp.OPT_RELAY_AGENT: value} if value else {})
+    assert packet(options).relay_agent == expected

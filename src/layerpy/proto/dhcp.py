@@ -119,6 +119,21 @@ class DhcpPacket:
         return value.rstrip(b"\0").decode(errors="replace") if value else None
 
     @property
+    def relay_agent(self) -> dict[int, bytes]:
+        """Option 82's sub-options (RFC 3046: 1 circuit id, 2 remote id); {} when absent
+        or malformed, since a relay's mistake must not cost the client its lease."""
+        data = self.options.get(OPT_RELAY_AGENT, b"")
+        found: dict[int, bytes] = {}
+        offset = 0
+        while offset + 2 <= len(data):
+            code, length = data[offset], data[offset + 1]
+            if offset + 2 + length > len(data):
+                return {}
+            found[code] = data[offset + 2 : offset + 2 + length]
+            offset += 2 + length
+        return found if offset == len(data) else {}
+
+    @property
     def broadcast(self) -> bool:
         return bool(self.flags & BROADCAST_FLAG)
 
