@@ -12,10 +12,10 @@ import logging
 import os
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address
-from pathlib import Path
 from typing import Any
 
 from layerpy.config import Config
@@ -45,9 +45,11 @@ class UnknownMachine:
     requests: int = 1
     firmware: str | None = None
     vendor_class: str | None = None
+    conflict: str | None = None
+    token: str | None = field(default=None, repr=False)  # its discovery boot's
 
     def as_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if k != "token"}
 
 
 def _text(value: Any) -> str | None:
@@ -83,12 +85,20 @@ class Inventory:
 
     def __post_init__(self) -> None:
         self.nodes = {name: Node(cfg) for name, cfg in self.config.nodes.items()}
+        self.bindings: dict[str, str] = self._read_state("bindings.json")
+        self.events: deque[dict[str, Any]] = deque(maxlen=1000)
         self._index()
         self._load_tokens()
 
     def _index(self) -> None:
-        self._by_mac = {n.config.mac: n for n in self.nodes.values() if n.config.mac}
+        """MAC, address and location look-ups; a MAC bound by location wins over the file's."""
+        self._by_mac = {}
+        for node in self.nodes.values():
+            mac = self.bindings.get(node.name) or node.config.mac
+            if mac:
+                self._by_mac[mac] = node
         self._by_ip = {n.config.ip: n for n in self.nodes.values()}
+        self._by_location = {n.config.location: n for n in self.nodes.values() if n.config.location}
 
     def apply(self, config: Config) -> tuple[set[str], set[str], set[str]]:
         """Take a new, already validated node file; observed state of kept nodes stays.
@@ -113,6 +123,67 @@ class Inventory:
 
     def by_mac(self, mac: str) -> Node | None:
         return self._by_mac.get(mac)
+
+    def mac_of(self, node: Node) -> str | None:
+        return self.bindings.get(node.name) or node.config.mac
+
+    def event(self, node: str, kind: str, message: str) -> None:
+        """Something an operator should see later (``GET /api/v1/events``), also logged."""
+        self.events.append({"time": self.clock(), "node": node, "kind": kind, "message": message})
+        log.warning("%s: %s", node, message) if kind == "conflict" else log.info(
+            "%s: %s", node, message
+        )
+
+    def locate(
+        self, mac: str, location: tuple[str, str], source: str, chassis: str | None = None
+    ) -> Node | None:
+        """A machine seen at a switch port: the node it is, by where it is plugged in.
+
+        A new MAC at a port takes the node over (new or replaced hardware), a MAC seen at
+        another port follows the port, but a MAC at a port whose machine is alive and
+        reporting is a conflict: neither takes the address from the other."""
+        node = self._by_location.get(location)
+        where = f"{location[0]}:{location[1]}"
+        if node is None:
+            return None
+        evidence = {"source": source, "switch": location[0], "port": location[1],
+                    "chassis": chassis, "mac": mac, "at": self.clock()}  # fmt: skip
+        current = self.mac_of(node)
+        if current != mac:
+            if current and self._alive(node):
+                message = f"{mac} claims {where}, where {current} is alive: not bound"
+                if node.conflict != message:
+                    self.event(node.name, "conflict", message)
+                node.conflict = message
+                self.unknown.setdefault(mac, UnknownMachine(mac, self.clock(), self.clock()))
+                self.unknown[mac].conflict = f"{where} belongs to {node.name} ({current}, alive)"
+                return None
+            previous = self._by_mac.get(mac)
+            if previous is not None and previous is not node:
+                self.bindings.pop(previous.name, None)
+                self.event(
+                    previous.name,
+                    "moved",
+                    f"{mac} moved from {previous.name} to {node.name} ({where})",
+                )
+            if current:
+                self.event(
+                    node.name, "replaced", f"hardware replaced at {where}: {current} -> {mac}"
+                )
+            else:
+                self.event(
+                    node.name, "bound", f"{mac} is {node.name} by its location {where} ({source})"
+                )
+            self.bindings[node.name] = mac
+            self._write_state("bindings.json", self.bindings)
+            self._index()
+            node.mac = mac
+            self.unknown.pop(mac, None)
+        node.location, node.conflict = evidence, None
+        return node
+
+    def _alive(self, node: Node) -> bool:
+        return node.run_state in (RunState.INIT, RunState.READY) and node.mac == self.mac_of(node)
 
     def by_ip(self, ip: IPv4Address | str) -> Node | None:
         try:
@@ -276,34 +347,38 @@ class Inventory:
         node.run_state = state
         self.on_change(node)
 
-    @property
-    def _token_file(self) -> Path:
-        return self.config.server.state_dir / "boots.json"
-
     def _save_tokens(self) -> None:
         records = {
             n.name: {"token": n.boot.token, "boot_id": n.boot.boot_id, "boots": n.boots}
             for n in self.nodes.values()
             if n.boot and n.boot.token
         }
-        path = self._token_file
+        self._write_state("boots.json", records)
+
+    def _write_state(self, name: str, records: dict[str, Any]) -> None:
+        """Atomically, so a crash leaves the old file or the new one, never half of one."""
+        path = self.config.server.state_dir / name
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(records, indent=1))
             os.replace(tmp, path)
         except OSError as error:
-            log.error("cannot save boot tokens to %s: %s", path, error.strerror)
+            log.error("cannot save %s: %s", path, error.strerror)
+
+    def _read_state(self, name: str) -> dict[str, Any]:
+        path = self.config.server.state_dir / name
+        try:
+            records = json.loads(path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as error:
+            log.error("ignoring unreadable %s: %s", path, error)
+            return {}
+        return records if isinstance(records, dict) else {}
 
     def _load_tokens(self) -> None:
-        try:
-            records = json.loads(self._token_file.read_text())
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError) as error:
-            log.error("ignoring unreadable %s: %s", self._token_file, error)
-            return
-        for name, record in records.items():
+        for name, record in self._read_state("boots.json").items():
             node = self.nodes.get(name)
             if node is None or not isinstance(record, dict):
                 continue

@@ -67,6 +67,8 @@ class Node:
     image_state: str = "unknown"  # as the agent reports it
     image_digest: str | None = None
     image_error: str | None = None
+    location: dict[str, object] | None = None  # the last evidence of where it is plugged in
+    conflict: str | None = None
     last_report: float | None = None
     boot: Boot | None = None
     boots: int = 0
@@ -85,6 +87,8 @@ class Node:
             "hostname": self.hostname,
             "busy": self.busy,
             "power": self.power,
+            "location": self.location,
+            "conflict": self.conflict,
             "image": {
                 "name": self.config.image,
                 "state": self.image_state,

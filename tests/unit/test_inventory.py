@@ -170,3 +170,45 @@ def test_apply_keeps_observed_state(inventory: Inventory, make_config) -> None:
     assert inventory.by_mac("52:54:00:99:00:12") is None
     assert inventory.unknown == {}  # the unknown machine is now known
     report(inventory, token)  # the boot token still holds
+
+
+LOCATED = '\n[switches.sw1]\nrelay = "10.99.0.254"\n\n[nodes.cn003]\nip = "10.99.0.13"\nlocation = "sw1:swp3"\n'
+PORT = ("sw1", "swp3")
+
+
+def test_location_binds_replaces_moves_and_conflicts(make_config) -> None:
+    clock = Clock()
+    inv = Inventory(make_config(more=LOCATED), clock=clock)
+    node = inv.locate("52:54:00:aa:00:01", PORT, "dhcp-option-82")
+    assert node.name == "cn003" and inv.by_mac("52:54:00:aa:00:01") is node
+    assert inv.events[-1]["kind"] == "bound"
+    assert node.location["port"] == "swp3" and node.location["source"] == "dhcp-option-82"
+    # the bound machine boots and reports: alive, so a second machine there is a conflict
+    inv.saw_boot_request(node, "ipxe")
+    token = inv.issue_token(node)
+    inv.report(
+        {
+            "node": "cn003",
+            "token": token,
+            "mac": "52:54:00:aa:00:01",
+            "ip": "10.99.0.13",
+            "boot_id": "b",
+            "seq": 1,
+            "event": "hello",
+        }
+    )
+    assert inv.locate("52:54:00:aa:00:02", PORT, "lldp") is None
+    assert "52:54:00:aa:00:02 claims sw1:swp3, where 52:54:00:aa:00:01 is alive" in node.conflict
+    assert "belongs to cn003" in inv.unknown["52:54:00:aa:00:02"].conflict
+    assert inv.by_mac("52:54:00:aa:00:01") is node  # nobody stole the address
+    # the first machine dies (lost): the newcomer is replacement hardware
+    clock.now += 100
+    inv.check_lost()
+    assert inv.locate("52:54:00:aa:00:02", PORT, "dhcp-option-82") is node
+    assert (
+        inv.events[-1]["message"]
+        == "hardware replaced at sw1:swp3: 52:54:00:aa:00:01 -> 52:54:00:aa:00:02"
+    )
+    assert node.conflict is None and inv.by_mac("52:54:00:aa:00:01") is None
+    # bindings survive a restart
+    assert Inventory(inv.config).by_mac("52:54:00:aa:00:02").name == "cn003"
