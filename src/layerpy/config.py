@@ -91,6 +91,7 @@ class NetworkConfig:
     domain: str | None = None
     lease_time: int = 3600
     pool: tuple[IPv4Address, IPv4Address] | None = None
+    discover: bool = False  # unknown machines boot the minOS from the pool, to be located
 
 
 @dataclass(frozen=True)
@@ -378,13 +379,18 @@ class _Reader:
         )
 
     def network(self, data: dict[str, Any]) -> NetworkConfig | None:
-        keys = {"subnet", "gateway", "dns", "domain", "lease_time", "pool"}
+        keys = {"subnet", "gateway", "dns", "domain", "lease_time", "pool", "discover"}
         table = self.table(data, "network", keys)
         get = self._getter(table, "network")
         subnet = get("subnet", str, _subnet, required=True)
         gateway = get("gateway", str, _ipv4)
         dns = get("dns", list, _ipv4_list, default=())
         pool = get("pool", str, _pool)
+        discover = get("discover", bool, default=False)
+        if discover and pool is None:
+            self.problem(
+                "network.discover", "needs network.pool: discovery boots use its addresses"
+            )
         if subnet:
             if gateway and gateway not in subnet:
                 self.problem("network.gateway", f"{gateway} is outside network.subnet {subnet}")
@@ -399,6 +405,7 @@ class _Reader:
             domain=get("domain", str),
             lease_time=get("lease_time", int, _positive, default=3600),
             pool=pool,
+            discover=discover,
         )
 
     def minos(self, data: dict[str, Any]) -> MinosConfig | None:

@@ -23,6 +23,7 @@ from layerpy.model import Boot, Node, RunState
 
 log = logging.getLogger("layerpy.nodes")
 
+DISCOVERY = "discover"  # the node name a machine no node claims boots under
 IMAGE_STATES = ("none", "pulling", "active", "updating", "error")
 REPORT_FIELDS: dict[str, type | tuple[type, ...]] = {
     "node": str,
@@ -232,7 +233,12 @@ class Inventory:
 
     def report(self, payload: Any) -> dict[str, Any]:
         """An agent report; returns the desired state for the agent or raises ReportRejected."""
+        if isinstance(payload, dict) and payload.get("node") == DISCOVERY:
+            return self._discovery_report(payload)
         node = self._authenticate(payload)
+        located = self._lldp_node(payload)
+        if located is not None and located is not node:  # the machine moved to another port
+            return self._hand_over(located)
         boot = node.boot
         assert boot is not None
         now = self.clock()
@@ -294,6 +300,49 @@ class Inventory:
         node.busy = busy
         node.image_state, node.image_digest, node.image_error = image
         return changed
+
+    def _discovery_report(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """A machine booted from the pool: once its LLDP neighbour names a node's port, it
+        becomes that node (its agent switches identity and address without a reboot)."""
+        for key, kind in REPORT_FIELDS.items():
+            if not isinstance(payload.get(key), kind):
+                raise ReportRejected(400, f"report field {key!r} is missing or not {kind.__name__}")
+        mac = payload["mac"].lower()
+        machine = self.unknown.get(mac)
+        if (
+            machine is None
+            or not machine.token
+            or not secrets.compare_digest(machine.token, payload["token"])
+        ):
+            raise ReportRejected(403, f"wrong discovery token for {mac}")
+        machine.last_seen = self.clock()
+        node = self._lldp_node(payload)
+        if node is None:
+            return {"heartbeat": self.config.server.heartbeat, "node": DISCOVERY}
+        return self._hand_over(node)
+
+    def _lldp_node(self, payload: dict[str, Any]) -> Node | None:
+        """The node at the port the agent's LLDP neighbour names, bound to the reporting MAC."""
+        lldp = payload.get("lldp")
+        if not isinstance(lldp, dict) or not all(
+            isinstance(lldp.get(k), str) for k in ("chassis_id", "port_id")
+        ):
+            return None
+        chassis = lldp["chassis_id"].lower()
+        switch = next(
+            (s.name for s in self.config.switches.values() if s.chassis_id == chassis), None
+        )
+        if switch is None:
+            return None
+        return self.locate(payload["mac"].lower(), (switch, lldp["port_id"]), "lldp", chassis)
+
+    def _hand_over(self, node: Node) -> dict[str, Any]:
+        """Tell an agent to carry on as `node`: a new boot of that node, with its own token."""
+        boot = self._start_boot(node, "identity by location")
+        boot.token = secrets.token_urlsafe(18)
+        self._save_tokens()
+        identity = {"node": node.name, "token": boot.token}
+        return {"heartbeat": self.config.server.heartbeat, "node": node.name, "identity": identity}
 
     def forget(self, node: Node, why: str) -> None:
         """What can no longer be known after a power change: run state, busy, image."""

@@ -86,7 +86,7 @@ BROKEN = {
             '[network]\nsubnet = "10.99.0.0/24"\nsubnett = "x"\n',
         ),
         [
-            "nodes.toml:9: network.subnett: unknown key (known keys: dns, domain, gateway, lease_time, pool, subnet)"
+            "nodes.toml:9: network.subnett: unknown key (known keys: discover, dns, domain, gateway, lease_time, pool, subnet)"
         ],
     ),
     "unknown section": (

@@ -63,12 +63,14 @@ def build_app(
     app.add_routes(
         [
             web.get("/boot/{name}.ipxe", boot_script),
+            web.get("/boot/discover/{mac}.ipxe", discovery_script),
             web.get("/minos/kernel", minos_file),
             web.get("/minos/initrd", minos_file),
             web.post("/api/v1/agent/report", agent_report),
             web.get("/api/v1/nodes", list_nodes),
             web.get("/api/v1/nodes/{name}", show_node),
             web.get("/api/v1/unknown", list_unknown),
+            web.get("/api/v1/events", list_events),
             web.get("/api/v1/stats", show_stats),
             web.get("/metrics", metrics),
             web.post("/api/v1/reload", reload_config),
@@ -120,6 +122,18 @@ async def boot_script(request: web.Request) -> web.Response:
         log.warning("%s: refused its boot script to %s", name, request.remote)
         raise web.HTTPForbidden(text=f"the boot script of {name} is only for {node.config.ip}\n")
     return web.Response(text=policy.script(node), content_type="text/plain")
+
+
+async def discovery_script(request: web.Request) -> web.Response:
+    """The minOS for a machine no node claims yet, for the address it got from the pool."""
+    policy = request.app[POLICY]
+    mac = request.match_info["mac"].lower()
+    address = policy.pool.get(mac)
+    if address is None or mac not in policy.inventory.unknown:
+        raise web.HTTPNotFound(text=f"no discovery boot for {mac}\n")
+    if request.remote != str(address):
+        raise web.HTTPForbidden(text=f"the discovery boot of {mac} is only for {address}\n")
+    return web.Response(text=policy.discovery_script(mac), content_type="text/plain")
 
 
 async def minos_file(request: web.Request) -> web.FileResponse:
@@ -238,6 +252,10 @@ async def show_node(request: web.Request) -> web.Response:
 async def list_unknown(request: web.Request) -> web.Response:
     machines = request.app[INVENTORY].unknown.values()
     return web.json_response([machine.as_json() for machine in machines])
+
+
+async def list_events(request: web.Request) -> web.Response:
+    return web.json_response(list(request.app[INVENTORY].events))
 
 
 async def show_stats(request: web.Request) -> web.Response:
