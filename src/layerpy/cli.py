@@ -168,10 +168,7 @@ def plan(config_path: Path | None, server_url: str | None) -> None:
     table = Table("node", "dsc", "cfg", "path")
     for entry in _api(_server_url(config_path, server_url), "/api/v1/plan"):
         path = entry["path"]
-        if path is None or isinstance(path, str):
-            shown = path or "(no bmc: observed, not driven)"
-        else:
-            shown = " → ".join(path) or "(converged)"
+        shown = path if isinstance(path, str) else " → ".join(path) or "(converged)"
         table.add_row(entry["name"], _values(entry["dsc"]), _values(entry["cfg"]), shown)
     console.print(table)
 

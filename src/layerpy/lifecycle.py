@@ -251,6 +251,8 @@ class Lifecycle:
         node = self.inventory.nodes[name]
         entry = self.catalog.entries.get(node.config.image or "")
         return {
+            "location": node.location,  # evidence: source, switch, port, chassis, MAC, when
+            "conflict": node.conflict,
             "image_wanted": node.config.image,
             "image_problem": entry.error if entry else None,
             "power": node.power,
@@ -262,12 +264,11 @@ class Lifecycle:
 
     def plan(self, name: str) -> dict[str, Any]:
         node = self.inventory.nodes[name]
-        managed = name in self.drivers
         return {
             "name": name,
             "dsc": self._dsc(node),
             "cfg": {k: v for k, v in self.desired_of(name).items() if v is not None},
-            "path": self._path(name) if managed else None,
+            "path": self._path(name),
         }
 
     def _path(self, name: str) -> list[str] | str:
@@ -277,12 +278,7 @@ class Lifecycle:
             return f"blocked: {blocked}"
 
     def explain(self, name: str) -> dict[str, Any]:
-        node = self.inventory.nodes[name]
-        if name not in self.drivers:
-            return {"name": name, "controlled": False, "dsc": self._dsc(node),
-                    "reason": "no bmc in the node file: observed, never driven"}  # fmt: skip
-        return {"name": name, "controlled": True, **self.status(name),
-                **self.engine.explain(name)}  # fmt: skip
+        return {"name": name, **self.status(name), **self.engine.explain(name)}
 
     async def applied(self, config: Config, added: set[str], removed: set[str],
                       changed: set[str]) -> None:  # fmt: skip
