@@ -28,7 +28,7 @@ def explain(lab, name: str) -> dict:
 
 
 def test_unknown_machine_on_swp2_becomes_cn002(lab) -> None:
-    started = time.monotonic()
+    started = time.time()
     vm = lab.lab.add_vm(stranger("m1", 1))
     lab.wait_state(["cn002"], "ready", timeout=90)
     node = lab.nodes()["cn002"]
@@ -43,9 +43,9 @@ def test_unknown_machine_on_swp2_becomes_cn002(lab) -> None:
         "sw1",
         "swp2",
     )
+    bound = next(e["time"] for e in lab.api("/api/v1/events") if e["kind"] == "bound")
     print(
-        f"option 82: power-on to identity bound {node['location']['at'] - node['boot']['started']:.1f} s "
-        f"after the first DHCP, ready after {time.monotonic() - started:.1f} s"
+        f"\noption 82: power-on to bound {bound - started:.1f} s, to ready {time.time() - started:.1f} s"
     )
     assert vm.alive()
 
