@@ -42,8 +42,10 @@ def exercise() -> None:
 
     import layerpy
     import layerpy.agent
+    import layerpy.agent.lldp
     import layerpy.proto
     from layerpy.agent import cmdline, core, net
+    from layerpy.proto import lldp as codec
 
     runpy._get_module_details("layerpy.agent")  # what `python -m layerpy.agent` resolves
     for name in ("utf-8", "ascii", "latin-1", "idna"):
@@ -85,6 +87,8 @@ def exercise() -> None:
     except RuntimeError:
         assert "traceback path" in traceback.format_exc()
     subprocess.run(["/bin/true"], check=False, timeout=10)
+    neighbor = codec.Neighbor("02:00:00:00:0a:01", 4, "swp1", 5, 120)
+    assert codec.parse_frame(codec.build_frame(bytes(6), neighbor)).port_id == "swp1"
     net.interfaces("/nonexistent")
     net.ipv4_address("lo")
     net.source_address("127.0.0.1", 1)
@@ -93,6 +97,7 @@ def exercise() -> None:
     try:
         log = core.Log("n1", io.StringIO())
         agent = core.Agent(cfg, log, no_net=True, state_dir=tmp)
+        agent._heard(neighbor, "lo")
         body_ = agent.body(agent.observe(), "hello")
         agent._save_state()
         assert body_["agent_version"] == layerpy.__version__

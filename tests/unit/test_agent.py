@@ -6,10 +6,14 @@ threaded http.server on 127.0.0.1; intervals are tenths of a second so the file 
 
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import io
 import json
+import os
+import queue
 import socket
+import subprocess
 import threading
 import time
 
@@ -19,6 +23,8 @@ import layerpy
 from layerpy.agent import Agent, Log, parse_cmdline, read_cmdline
 from layerpy.agent.cmdline import normalize_mac, split_cmdline
 from layerpy.agent.core import load_config, post_json
+from layerpy.agent.net import Nic
+from layerpy.proto.lldp import Neighbor
 
 # -- command line -----------------------------------------------------------------------
 
@@ -35,15 +41,18 @@ def test_cmdline_full() -> None:
     assert cfg.token == "abc=def"  # only the first "=" splits
     assert cfg.bootif == "52:54:00:12:34:56"
     assert cfg.heartbeat == 5.0
+    assert cfg.lldp_wait == 35.0
     assert cfg.params["quiet"] == ""
 
 
 def test_cmdline_heartbeat_quotes_and_last_wins() -> None:
     cfg = parse_cmdline(
         'layerpy.node=a layerpy.node=b layerpy.server=https://h layerpy.heartbeat=2.5 x="1 2"'
+        " layerpy.lldp_wait=0"
     )
     assert cfg.node == "b"
     assert cfg.heartbeat == 2.5
+    assert cfg.lldp_wait == 0.0
     assert cfg.params["x"] == "1 2"
     assert cfg.ok
 
@@ -64,11 +73,14 @@ def test_cmdline_missing(line: str, problem: str) -> None:
 
 
 def test_cmdline_soft_problems_keep_ok() -> None:
-    cfg = parse_cmdline("layerpy.server=http://h layerpy.node=n BOOTIF=zz layerpy.heartbeat=-1")
+    cfg = parse_cmdline(
+        "layerpy.server=http://h layerpy.node=n BOOTIF=zz layerpy.heartbeat=-1 layerpy.lldp_wait=x"
+    )
     assert cfg.ok
     assert cfg.bootif == ""
     assert cfg.heartbeat == 5.0
-    assert len(cfg.problems) == 2
+    assert cfg.lldp_wait == 35.0
+    assert len(cfg.problems) == 3
 
 
 @pytest.mark.parametrize(
@@ -127,6 +139,7 @@ class FakeServer:
         self.times: list[float] = []
         self.status = 200
         self.heartbeat: float | None = 0.2
+        self.identity: dict | None = None
         self.cond = threading.Condition()
         owner = self
 
@@ -140,7 +153,10 @@ class FakeServer:
                     owner.cond.notify_all()
                 data = b"{}"
                 if owner.status == 200 and owner.heartbeat is not None:
-                    data = json.dumps({"heartbeat": owner.heartbeat, "image": None}).encode()
+                    answer = {"heartbeat": owner.heartbeat, "image": None}
+                    if owner.identity is not None:
+                        answer["identity"] = owner.identity
+                    data = json.dumps(answer).encode()
                 self.send_response(owner.status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -175,7 +191,7 @@ class Running:
         )
         self.out = io.StringIO()
         self.stop = threading.Event()
-        opts = {"timeout": 1.0, "backoff_min": 0.05, "poll": 0.02, **kw}
+        opts = {"timeout": 1.0, "backoff_min": 0.05, "poll": 0.02, "listen": self.deaf, **kw}
         self.agent = Agent(
             self.cfg,
             Log("t1", self.out),
@@ -187,6 +203,10 @@ class Running:
         )
         self.thread = threading.Thread(target=self.agent.run, daemon=True)
         self.thread.start()
+
+    def deaf(self, ifname: str, wait: float, ignored: list[str]) -> None:
+        """No switch: every LLDP round hears nothing (real LLDP needs AF_PACKET and root)."""
+        self.stop.wait(wait)
 
     def lines(self) -> list[str]:
         return self.out.getvalue().splitlines()
@@ -224,7 +244,7 @@ def test_hello_body(server, agents, tmp_path) -> None:
     assert hello.pop("path") == "/api/v1/agent/report"
     assert set(hello) == {
         "node", "token", "mac", "ip", "hostname", "boot_id", "seq", "event", "run_state",
-        "busy", "uptime", "timeline", "agent_version",
+        "busy", "uptime", "timeline", "lldp", "lldp_ignored", "agent_version",
     }  # fmt: skip
     assert hello["node"] == "t1"
     assert hello["token"] == "tok"
@@ -237,10 +257,12 @@ def test_hello_body(server, agents, tmp_path) -> None:
     assert hello["event"] == "hello"
     assert hello["run_state"] == "ready"
     assert hello["busy"] is False
+    assert (hello["lldp"], hello["lldp_ignored"]) == (None, 0)  # no switch heard yet
     assert isinstance(hello["uptime"], float) and hello["uptime"] > 0
     tl = hello["timeline"]
-    assert set(tl) == {"agent_start", "nic_up", "ip_acquired", "hello"}
+    assert set(tl) == {"agent_start", "nic_up", "ip_acquired", "hello", "identity"}
     assert tl["nic_up"] is None and tl["ip_acquired"] is None  # no NIC handling in tests
+    assert tl["identity"] is None
     assert tl["agent_start"] <= tl["hello"] <= hello["uptime"]
     assert hello["agent_version"] == layerpy.__version__
     agents[0].wait_log("hello accepted by http://127.0.0.1:")
@@ -372,3 +394,123 @@ def test_post_json_outcomes(server) -> None:
         free = s.getsockname()[1]
     down = post_json(f"http://127.0.0.1:{free}/", {}, 1.0)
     assert down.kind == "unreachable" and "refused" in down.detail.lower()
+
+
+# -- LLDP and identity -------------------------------------------------------------------
+
+SWP1 = Neighbor("02:00:00:00:0a:01", 4, "swp1", 5, 120, system_name="leaf1")
+
+
+class FakeLldp:
+    """Stands in for lldp.listen: a round returns the neighbour the test lets it hear, or
+    None after `wait` seconds; malformed frames are counted as the real one does."""
+
+    def __init__(self) -> None:
+        self.heard: queue.Queue[tuple[Neighbor, int]] = queue.Queue()
+        self.waits: list[float] = []
+
+    def hear(self, neighbor: Neighbor, malformed: int = 0) -> None:
+        self.heard.put((neighbor, malformed))
+
+    def __call__(self, ifname: str, wait: float, ignored: list[str]) -> Neighbor | None:
+        self.waits.append(wait)
+        try:
+            neighbor, malformed = self.heard.get(timeout=wait)
+        except queue.Empty:
+            return None
+        ignored.extend(["bad frame"] * malformed)
+        return neighbor
+
+
+def test_lldp_reported_at_once_when_heard(server, agents, tmp_path) -> None:
+    server.heartbeat = 30
+    fake = FakeLldp()
+    a = Running(server.port, tmp_path, "layerpy.lldp_wait=0.1", listen=fake)
+    agents.append(a)
+    assert server.wait(1)[0]["lldp"] is None
+    a.wait_log("no LLDP neighbour on")  # a silent round: it keeps listening
+    t0 = time.monotonic()
+    fake.hear(SWP1, malformed=2)
+    change = server.wait(2)[1]
+    assert time.monotonic() - t0 < 1.0
+    assert change["event"] == "change"
+    heard_at = change["lldp"].pop("heard_at")
+    assert change["lldp"] == {
+        "chassis_id": "02:00:00:00:0a:01", "chassis_subtype": 4, "port_id": "swp1",
+        "port_subtype": 5, "system_name": "leaf1", "port_description": None, "ttl": 120,
+    }  # fmt: skip
+    assert change["lldp_ignored"] == 2
+    assert server.reports[0]["uptime"] < heard_at <= change["uptime"]
+    fake.hear(dataclasses.replace(SWP1, ttl=90))  # the same port again: nothing to report
+    fake.hear(dataclasses.replace(SWP1, port_id="swp7"))  # the machine was moved
+    moved = server.wait(3)[2]
+    assert (moved["event"], moved["lldp"]["port_id"]) == ("change", "swp7")
+    assert moved["lldp"]["heard_at"] >= heard_at  # /proc/uptime ticks in 10 ms
+    time.sleep(0.1)
+    assert len(server.reports) == 3
+    assert set(fake.waits) == {0.1}
+
+
+def test_lldp_wait_zero_turns_it_off(server, agents, tmp_path) -> None:
+    fake = FakeLldp()
+    agents.append(Running(server.port, tmp_path, "layerpy.lldp_wait=0", listen=fake))
+    server.wait(2)
+    assert fake.waits == []
+
+
+def test_identity_switch(server, agents, tmp_path) -> None:
+    server.heartbeat = 30
+    server.identity = {"node": "cn002", "token": "tok2"}
+    a = Running(server.port, tmp_path, "layerpy.node=discover layerpy.token=d1")
+    agents.append(a)
+    first, hello = server.wait(2)
+    assert (first["node"], first["token"], first["event"]) == ("discover", "d1", "hello")
+    # at once, without waiting for the 30 s heartbeat: a hello as the node, seq going on
+    assert (hello["node"], hello["token"], hello["event"]) == ("cn002", "tok2", "hello")
+    assert (hello["seq"], hello["path"]) == (2, first["path"])
+    tl = hello["timeline"]
+    assert first["timeline"]["hello"] <= tl["identity"] <= tl["hello"]
+    assert tl["agent_start"] == first["timeline"]["agent_start"]
+    a.wait_log(": now cn002 (was discover)")
+    a.wait_log("layerpy-agent cn002: hello accepted")
+    time.sleep(0.2)
+    assert len(server.reports) == 2  # the server names cn002 again: nothing to do
+    a.close()
+    assert (tmp_path / "agent-state.json").stat().st_mode & 0o077 == 0  # it holds the token
+    # A respawned agent reads the same command line (discover) and goes on as cn002.
+    server.identity = None
+    b = Running(server.port, tmp_path, "layerpy.node=discover layerpy.token=d1")
+    agents.append(b)
+    again = server.wait(3)[2]
+    assert (again["node"], again["token"], again["event"], again["seq"]) == (
+        "cn002", "tok2", "change", 3,
+    )  # fmt: skip
+    b.wait_log("continuing as cn002, the identity adopted in this boot (was discover)")
+
+
+def test_redo_dhcp_releases_then_asks_again(tmp_path) -> None:
+    started: list[str] = []
+
+    class FakeNic(Nic):
+        """No udhcpc to start and no real interface; the pidfile lives in tmp_path."""
+
+        pidfile = str(tmp_path / "udhcpc.pid")
+
+        def start_udhcpc(self) -> None:
+            started.append(self.hostname)
+
+        def address(self) -> str:
+            return "10.99.0.12" if started else ""
+
+    nic = FakeNic("", "discover", lambda msg: None, lambda: 1.0, run_dir=str(tmp_path))
+    got = tmp_path / "signals"
+    udhcpc = subprocess.Popen(  # stands in for busybox udhcpc: notes the signals it gets
+        ["sh", "-c", f"trap 'echo usr2 >>{got}' USR2; trap 'echo term >>{got}; rm {nic.pidfile};"
+         f" exit' TERM; echo $$ >{nic.pidfile}; while :; do sleep 0.01; done"]
+    )  # fmt: skip
+    while not os.path.exists(nic.pidfile):
+        time.sleep(0.01)
+    assert nic.redo_dhcp("cn002", time.sleep, wait=1.0) == "10.99.0.12"
+    assert udhcpc.wait(2) == 0
+    assert got.read_text().split() == ["usr2", "term"]  # release, then exit
+    assert started == ["cn002"]  # a fresh DISCOVER with the new hostname

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+from layerpy.agent.lldp import DEFAULT_WAIT as DEFAULT_LLDP_WAIT
+
 DEFAULT_CMDLINE = "/proc/cmdline"
 DEFAULT_HEARTBEAT = 5.0
 
@@ -63,7 +65,9 @@ def normalize_mac(value: str) -> str:
 class Config:
     """What the kernel command line tells the agent; ``problems`` lists what is missing."""
 
-    __slots__ = ("bootif", "heartbeat", "node", "params", "problems", "server", "token")
+    __slots__ = (
+        "bootif", "heartbeat", "lldp_wait", "node", "params", "problems", "server", "token",
+    )  # fmt: skip
 
     def __init__(self, params: dict[str, str]) -> None:
         self.params = params
@@ -72,6 +76,7 @@ class Config:
         self.token = params.get("layerpy.token", "")
         self.bootif = normalize_mac(params.get("BOOTIF", ""))
         self.heartbeat = DEFAULT_HEARTBEAT
+        self.lldp_wait = DEFAULT_LLDP_WAIT
         self.problems: list[str] = []
         if not self.server:
             self.problems.append("layerpy.server= is missing")
@@ -91,6 +96,16 @@ class Config:
                 self.heartbeat = value
             else:
                 self.problems.append(f"layerpy.heartbeat={hb} is not a positive number")
+        wait = params.get("layerpy.lldp_wait")
+        if wait is not None:  # seconds to listen for the switch per round; 0 turns LLDP off
+            try:
+                value = float(wait)
+            except ValueError:
+                value = -1.0
+            if value >= 0:
+                self.lldp_wait = value
+            else:
+                self.problems.append(f"layerpy.lldp_wait={wait} is not a number of seconds")
 
     @property
     def ok(self) -> bool:

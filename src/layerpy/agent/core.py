@@ -1,8 +1,9 @@
 """The agent's report loop: tell the server who and where this node is, forever.
 
-Observations flow up (identity, MAC, IP, boot timeline), intent flows down (for now just
-the heartbeat interval). The loop never exits: a node whose server is away keeps
-running and keeps trying, without flooding the console or the network.
+Observations flow up (identity, MAC, IP, the switch port heard by LLDP, boot timeline),
+intent flows down (heartbeat interval, image, and a node's identity for a machine booted
+to be discovered). The loop never exits: a node whose server is away keeps running and
+keeps trying, without flooding the console or the network.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 import traceback
 import urllib.error
@@ -20,12 +22,15 @@ import urllib.request
 from collections.abc import Callable
 
 import layerpy
+from layerpy.agent import lldp
 from layerpy.agent.cmdline import Config, read_cmdline
 from layerpy.agent.container import Runner
-from layerpy.agent.net import Nic, source_address
+from layerpy.agent.net import Nic, pick_interface, source_address
+from layerpy.proto.lldp import Neighbor
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 UPTIME = "/proc/uptime"
+HOSTNAME = "/proc/sys/kernel/hostname"  # sethostname(2) by another door: no busybox needed
 STATE_DIR = "/run/layerpy"
 HTTP_TIMEOUT = 5.0
 MIN_HEARTBEAT = 0.1
@@ -136,6 +141,7 @@ class Agent:
         stopped: Callable[[], bool] = lambda: False,
         agent_start: float | None = None,
         runner: Runner | None = None,
+        listen: Callable[[str, float, list[str]], Neighbor | None] = lldp.listen,
     ) -> None:
         self.cfg = cfg
         self.runner = runner
@@ -157,7 +163,12 @@ class Agent:
             "nic_up": None,
             "ip_acquired": None,
             "hello": None,
+            "identity": None,
         }
+        self.listen = listen
+        self.lldp: dict | None = None  # the neighbour as reported; replaced whole, never edited
+        self.lldp_ignored = 0
+        self._ended = threading.Event()
         self.nic: Nic | None = None
         self.sent: dict[str, str] = {}  # observations in the last accepted report
         self.last_response: dict = {}
@@ -177,6 +188,15 @@ class Agent:
             return
         if not isinstance(st, dict) or st.get("boot_id") != self.boot_id:
             return
+        node, token = st.get("node"), st.get("token")
+        saved = isinstance(node, str) and node and isinstance(token, str)
+        if saved and (node, token) != (self.cfg.node, self.cfg.token):
+            was = self.cfg.node  # the command line still names the machine as it booted
+            self._take_identity(node, token)
+            self.log(f"continuing as {node}, the identity adopted in this boot (was {was})")
+        if isinstance(st.get("lldp"), dict):
+            self.lldp = st["lldp"]
+        self.lldp_ignored = int(st.get("lldp_ignored", 0))
         self.seq = int(st.get("seq", 0))
         self.hello_done = bool(st.get("hello_done"))
         tl = st.get("timeline")
@@ -189,14 +209,19 @@ class Agent:
     def _save_state(self) -> None:
         st = {
             "boot_id": self.boot_id,
+            "node": self.cfg.node,
+            "token": self.cfg.token,
             "seq": self.seq,
             "hello_done": self.hello_done,
             "timeline": self.timeline,
+            "lldp": self.lldp,
+            "lldp_ignored": self.lldp_ignored,
         }
         try:
             os.makedirs(os.path.dirname(self.state_path), exist_ok=True)
             tmp = self.state_path + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # holds the token
+            with open(fd, "w", encoding="utf-8") as f:
                 json.dump(st, f)
             os.replace(tmp, self.state_path)
         except OSError:
@@ -223,6 +248,8 @@ class Agent:
             mac, ip = self.cfg.bootif, source_address(url.hostname or "", url.port or 80)
         busy = "busy" if os.path.exists(os.path.join(self.state_dir, "busy")) else "free"
         facts = {"mac": mac, "ip": ip, "hostname": socket.gethostname(), "busy": busy}
+        heard = self.lldp  # the switch port: where the node is plugged in, not when it was heard
+        facts["lldp"] = json.dumps([heard["chassis_id"], heard["port_id"]]) if heard else ""
         if self.runner is not None:
             image = self.runner.report()
             for key in ("image_state", "image_digest", "image_error"):
@@ -243,6 +270,8 @@ class Agent:
             "busy": obs["busy"] == "busy",
             "uptime": uptime(),
             "timeline": dict(self.timeline),
+            "lldp": self.lldp,
+            "lldp_ignored": self.lldp_ignored,
             "agent_version": layerpy.__version__,
             **(self.runner.report() if self.runner is not None else {}),
         }
@@ -273,8 +302,90 @@ class Agent:
                 self.log(f"reported change: ip {obs['ip'] or '-'}, {obs['busy']}")
             if out.detail:
                 self.log(f"server answered oddly: {out.detail}")
+            if "identity" in self.last_response:  # last: a new identity undoes hello_done
+                self._adopt(self.last_response["identity"])
         self._save_state()
         return out
+
+    # -- LLDP: which switch port this node is plugged into --
+
+    def _listen_lldp(self, ifname: str) -> None:
+        """Listen for the switch for ever (one round per ``lldp_wait``): a slow switch or a
+        cable moved to another port is still reported; a failure is logged once, retried."""
+        wait = self.cfg.lldp_wait
+        failing = ""
+        told_none = False
+        while not (self.stopped() or self._ended.is_set()):
+            ignored: list[str] = []
+            try:
+                heard = self.listen(ifname, wait, ignored)
+            except OSError as e:
+                if str(e) != failing:
+                    failing = str(e)
+                    self.log(f"cannot listen for LLDP on {ifname or '?'}: {e}; retrying")
+                self.sleep(wait)
+                continue
+            failing = ""
+            if ignored and not self.lldp_ignored:
+                self.log(f"ignoring malformed LLDP frames on {ifname}: {ignored[0]}")
+            self.lldp_ignored += len(ignored)
+            if heard is not None:
+                self._heard(heard, ifname)
+            elif self.lldp is None and not told_none:
+                told_none = True
+                self.log(f"no LLDP neighbour on {ifname} within {wait:g} s; still listening")
+
+    def _heard(self, heard: Neighbor, ifname: str) -> None:
+        old = self.lldp
+        heard_at = uptime()
+        if old and (old["chassis_id"], old["port_id"]) == (heard.chassis_id, heard.port_id):
+            heard_at = old["heard_at"]  # same port: since when we know it
+        else:
+            self.log(
+                f"LLDP on {ifname}: switch {heard.system_name or heard.chassis_id},"
+                f" port {heard.port_id} (at uptime {heard_at:.2f} s)"
+            )
+        self.lldp = {
+            "chassis_id": heard.chassis_id,
+            "chassis_subtype": heard.chassis_subtype,
+            "port_id": heard.port_id,
+            "port_subtype": heard.port_subtype,
+            "system_name": heard.system_name,
+            "port_description": heard.port_description,
+            "ttl": heard.ttl,
+            "heard_at": heard_at,
+        }
+
+    # -- a new identity from the server (a discovered machine bound to a node) --
+
+    def _take_identity(self, node: str, token: str) -> None:
+        self.cfg.node, self.cfg.token = node, token
+        self.log.node = node
+        if self.runner is not None:
+            self.runner.hostname = node  # for the next container it starts
+
+    def _adopt(self, identity: object) -> None:
+        """Become the node the server names: new name, token, hostname and address, then a
+        hello as that node. The report URL stays; seq and timeline go on."""
+        if not isinstance(identity, dict):
+            return
+        node, token = identity.get("node"), identity.get("token")
+        if not isinstance(node, str) or not node or not isinstance(token, str):
+            self.log(f"ignoring a malformed identity from the server: {identity!r:.80}")
+            return
+        if (node, token) == (self.cfg.node, self.cfg.token):
+            return
+        self.log(f"now {node} (was {self.cfg.node})")
+        self._take_identity(node, token)
+        self.timeline["identity"] = uptime()
+        self.hello_done = False
+        if self.nic is not None:  # the machine is ours to rename and re-address
+            try:
+                with open(HOSTNAME, "w", encoding="ascii") as f:
+                    f.write(node)
+            except (OSError, ValueError) as e:
+                self.log(f"cannot set the hostname to {node}: {e}")
+            self.nic.redo_dhcp(node, self.sleep)
 
     def _apply_heartbeat(self, value: object) -> None:
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
@@ -314,15 +425,28 @@ class Agent:
         return delay
 
     def run(self) -> None:
-        """Bring up the network, then report until ``stopped()``."""
+        """Bring up the network, listen for LLDP aside, then report until ``stopped()``."""
         self.bring_up_network()
+        if self.cfg.lldp_wait > 0:
+            ifname = self.nic.name if self.nic else (pick_interface(self.cfg.bootif) or ("",))[0]
+            threading.Thread(target=self._listen_lldp, args=(ifname,), daemon=True).start()
+        try:
+            self._report_loop()
+        finally:
+            self._ended.set()  # the listener ends too: after a crash, main() starts anew
+
+    def _report_loop(self) -> None:
         self._failing, self._since, self._failures = "", 0.0, 0
         self._backoff = self.backoff_min
         last_dhcp_check = time.monotonic()
         while not self.stopped():
             obs = self.observe()
             sent_at = time.monotonic()  # the interval runs from send to send
-            deadline = sent_at + self._next_delay(self.report(obs))
+            out = self.report(obs)
+            delay = self._next_delay(out)
+            if out.kind == "ok" and not self.hello_done:
+                delay = 0.0  # a new identity says hello at once
+            deadline = sent_at + delay
             while not self.stopped():
                 left = deadline - time.monotonic()
                 if left <= 0:

@@ -186,6 +186,27 @@ class Nic:
     def address(self) -> str:
         return ipv4_address(self.name) if self.name else ""
 
+    def wait_address(self, sleep: Callable[[float], object], wait: float) -> str:
+        """Poll (bounded) until the NIC has an IPv4 address; log it with the lease's facts."""
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            ip = self.address()
+            if ip:
+                self.ip_acquired = self.uptime()
+                lease = read_lease(self.name, self.run_dir)
+                facts = ", ".join(
+                    f"{k} {lease[k]}"
+                    for k in ("mask", "router", "serverid", "lease")
+                    if lease.get(k)
+                )
+                self.log(
+                    f"{self.name} has {ip} at uptime {self.ip_acquired:.2f} s"
+                    + (f" ({facts})" if facts else "")
+                )
+                return ip
+            sleep(0.2)
+        return ""
+
     def bring_up(self, sleep: Callable[[float], object], wait: float = 30.0) -> str:
         """Find the NIC, set it up, run DHCP until it has an address; returns the address."""
         self.find(sleep)
@@ -193,26 +214,35 @@ class Nic:
         while True:
             if not self.udhcpc_running():
                 self.start_udhcpc()
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                ip = self.address()
-                if ip:
-                    self.ip_acquired = self.uptime()
-                    lease = read_lease(self.name, self.run_dir)
-                    facts = ", ".join(
-                        f"{k} {lease[k]}"
-                        for k in ("mask", "router", "serverid", "lease")
-                        if lease.get(k)
-                    )
-                    self.log(
-                        f"{self.name} has {ip} at uptime {self.ip_acquired:.2f} s"
-                        + (f" ({facts})" if facts else "")
-                    )
-                    return ip
-                sleep(0.2)
+            ip = self.wait_address(sleep, wait)
+            if ip:
+                return ip
             self.log(f"no IPv4 address on {self.name} after {wait:g} s; restarting udhcpc")
             self.stop_udhcpc()
             sleep(1.0)
+
+    def redo_dhcp(self, hostname: str, sleep: Callable[[float], object], wait: float = 30.0) -> str:
+        """Drop the lease and ask afresh as `hostname`: a new identity has its own address.
+
+        The running udhcpc is told to release (SIGUSR2, so the server frees the old address)
+        and then to exit (SIGTERM; it handles them in that order). A new udhcpc starts with a
+        DISCOVER that carries the new hostname. Returns the new address, "" if none came in
+        `wait` seconds (udhcpc keeps trying in the background).
+        """
+        self.hostname = hostname
+        pid = _pid_alive(self.pidfile)
+        if pid:
+            for sig in (signal.SIGUSR2, signal.SIGTERM):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + 5.0
+            while _pid_alive(self.pidfile) == pid and time.monotonic() < deadline:
+                sleep(0.1)
+        self.start_udhcpc()
+        ip = self.wait_address(sleep, wait)
+        if not ip:
+            self.log(f"no IPv4 address on {self.name} after {wait:g} s; udhcpc keeps trying")
+        return ip
 
     def keep_dhcp(self) -> None:
         """Restart udhcpc if it died, so leases keep being renewed."""
