@@ -234,6 +234,20 @@ def image_pull(name: str, config_path: Path, state_dir: Path | None) -> None:
     )
 
 
+@image.command("set")
+@click.argument("nodes")
+@click.argument("name")
+@OPTIONAL_CONFIG
+@SERVER_OPTION
+def image_set(nodes: str, name: str, config_path: Path | None, server_url: str | None) -> None:
+    """Run image NAME on NODES now (no reboot; busy nodes first drain), until
+    `layerpy power clear NODES` or the node file changes."""
+    base = _server_url(config_path, server_url)
+    answer = _api(base, "/api/v1/image", "POST", {"nodes": nodes, "image": name})
+    for node, state in answer.items():
+        click.echo(f"{node}: wants image {state['image_wanted']}")
+
+
 @image.command("list")
 @CONFIG_OPTION
 @STATE_DIR_OPTION

@@ -20,6 +20,7 @@ from layerpy.model import Node, RunState
 from layerpy.power import PowerDriver, PowerError, make_driver
 
 log = logging.getLogger("layerpy.power")
+images_log = logging.getLogger("layerpy.images")
 
 VARIABLES = (
     Variable("power", ("unknown", "off", "on", "hang", "error")),
@@ -65,7 +66,7 @@ def desired(node: NodeConfig, override: Mapping[str, str] | None = None) -> dict
     run-time override), a powered node ready and running its image. Without a BMC,
     power is not layerpy's to want."""
     wanted: dict[str, str | None] = dict.fromkeys((v.name for v in VARIABLES), None)
-    if node.image:
+    if (override or {}).get("image", node.image):
         wanted["image"] = "active"
     if node.bmc is None:
         return wanted
@@ -106,7 +107,7 @@ class Lifecycle:
 
     def _image_state(self, node: Node) -> str:
         state = node.image_state
-        wanted = self.catalog.digest(node.config.image)
+        wanted = self.catalog.digest(self.image_of(node))
         if state == "active" and wanted is not None and node.image_digest != wanted:
             return "stale"
         return state
@@ -131,13 +132,13 @@ class Lifecycle:
     def image_ready(self, name: str) -> None:
         """An image has a new digest (first pull, or a moved tag after a reload)."""
         for node in self.inventory.nodes.values():
-            if node.config.image == name:
+            if self.image_of(node) == name:
                 self.observed(node)
 
     def instructions(self, node: Node) -> dict[str, Any]:
         """What the agent is told in the answer to its report: the image to run."""
         digest = self.assigned.get(node.name)
-        name = node.config.image
+        name = self.image_of(node)
         spec = (
             self.catalog.spec(name, digest, self.inventory.config.server.url)
             if name and digest
@@ -192,9 +193,10 @@ class Lifecycle:
         """Carry out one action the engine fired; errors propagate to the engine."""
         node = self.inventory.nodes[name]
         if action == "image_assign":
-            image = self.catalog.current(node.config.image or "")
+            wanted = self.image_of(node)
+            image = self.catalog.current(wanted or "")
             self.assigned[name] = image.digest
-            log.info("%s: assigned image %s %s", name, node.config.image, image.digest[:19])
+            images_log.info("%s: assigned image %s %s", name, wanted, image.digest[:19])
             return
         driver = self.drivers[name]
         log.info("%s: %s", name, action.replace("_", " "))
@@ -222,16 +224,33 @@ class Lifecycle:
 
     # -- desired state -----------------------------------------------------------------
 
+    def image_of(self, node: Node) -> str | None:
+        """The image a node should run: a run-time override, else the file's."""
+        return self.overrides.get(node.name, {}).get("image", node.config.image)
+
     def override(self, name: str, power: str | None) -> None:
-        """A runtime override of desired power (None clears it); lasts until the file changes."""
+        """A runtime override of desired power (None clears all overrides of the node);
+        lasts until cleared or the file changes."""
         node = self.inventory.nodes[name]
         if power is None:
             self.overrides.pop(name, None)
         else:
-            self.overrides[name] = {"power": power}
+            self.overrides.setdefault(name, {})["power"] = power
         log.info("%s: desired power %s%s", name, power or node.config.power,
                  " (override)" if power else " (from the file)")  # fmt: skip
-        self.engine.set_cfg(name, **desired(node.config, self.overrides.get(name)))
+        self._wish_changed(node)
+
+    def override_image(self, name: str, image: str) -> None:
+        """Run `image` on the node until cleared or the file changes (a rolling update)."""
+        if image not in self.catalog.entries:
+            raise ValueError(f"no image named {image!r} in the node file")
+        self.overrides.setdefault(name, {})["image"] = image
+        images_log.info("%s: desired image %s (override)", name, image)
+        self._wish_changed(self.inventory.nodes[name])
+
+    def _wish_changed(self, node: Node) -> None:
+        self.engine.set_cfg(node.name, **desired(node.config, self.overrides.get(node.name)))
+        self.observed(node)  # whether its running image is still the wanted one
 
     def desired_of(self, name: str) -> dict[str, str | None]:
         return desired(self.inventory.nodes[name].config, self.overrides.get(name))
@@ -249,11 +268,11 @@ class Lifecycle:
 
     def status(self, name: str) -> dict[str, Any]:
         node = self.inventory.nodes[name]
-        entry = self.catalog.entries.get(node.config.image or "")
+        entry = self.catalog.entries.get(self.image_of(node) or "")
         return {
             "location": node.location,  # evidence: source, switch, port, chassis, MAC, when
             "conflict": node.conflict,
-            "image_wanted": node.config.image,
+            "image_wanted": self.image_of(node),
             "image_problem": entry.error if entry else None,
             "power": node.power,
             "desired": self.desired_of(name).get("power"),

@@ -27,6 +27,7 @@ class PowerControl(Protocol):
     """What the API needs of the lifecycle (kept abstract: services never import power)."""
 
     def override(self, name: str, power: str | None) -> None: ...
+    def override_image(self, name: str, image: str) -> None: ...
     async def cycle(self, name: str) -> None: ...
     def status(self, name: str) -> dict[str, Any]: ...
     def plan(self, name: str) -> dict[str, Any]: ...
@@ -77,6 +78,7 @@ def build_app(
             web.get("/images/{digest}/{file}", image_file),
             web.get("/api/v1/images", list_images),
             web.post("/api/v1/power", power_action),
+            web.post("/api/v1/image", image_action),
             web.get("/api/v1/plan", plan),
             web.get("/api/v1/nodes/{name}/explain", explain),
         ]
@@ -182,6 +184,23 @@ async def power_action(request: web.Request) -> web.Response:
             power.override(name, None if action == "clear" else action)
     elif action == "cycle":
         await asyncio.gather(*(power.cycle(name) for name in names))
+    return web.json_response({name: power.status(name) for name in names})
+
+
+async def image_action(request: web.Request) -> web.Response:
+    """``{"nodes": "cn[001-004]", "image": "b"}`` runs image b on them until the override is
+    cleared (``layerpy power clear``) or the node file changes."""
+    body = await _json_object(request)
+    expression, image = body.get("nodes"), body.get("image")
+    if not isinstance(expression, str) or not isinstance(image, str):
+        raise web.HTTPBadRequest(text="need nodes (a hostlist) and image (a name)\n")
+    names = _expand_nodes(request, expression)
+    power = request.app[POWER]
+    try:
+        for name in names:
+            power.override_image(name, image)
+    except ValueError as error:
+        raise web.HTTPBadRequest(text=f"{error}\n") from None
     return web.json_response({name: power.status(name) for name in names})
 
 

@@ -111,3 +111,12 @@ def test_corrupt_image_leaves_the_node_on_its_image_with_the_reason(lab) -> None
     assert "c:" in problem and "sha256" in problem, problem
     assert image_of(lab)["digest"] == digest_of(lab, "b") and image_of(lab)["state"] == "active"
     assert served_by(lab).strip() == "IMAGE-B-MARKER"
+
+
+def test_the_api_rolls_an_image_too(lab) -> None:
+    out = layerpy(lab, "image", "set", "cn001", "a")
+    assert out.strip() == "cn001: wants image a"
+    lab.wait(lambda: image_of(lab)["digest"] == digest_of(lab, "a")
+             and image_of(lab)["state"] == "active", 90, "back on image a")  # fmt: skip
+    assert served_by(lab).strip() == "IMAGE-A-MARKER"
+    assert lab.nodes()["cn001"]["boots"] == 1
