@@ -155,7 +155,7 @@ class Inventory:
                 message = f"{mac} claims {where}, where {current} is alive: not bound"
                 if node.conflict != message:
                     self.event(node.name, "conflict", message)
-                node.conflict = message
+                node.conflict, node.conflict_at = message, self.clock()
                 self.unknown.setdefault(mac, UnknownMachine(mac, self.clock(), self.clock()))
                 self.unknown[mac].conflict = f"{where} belongs to {node.name} ({current}, alive)"
                 return None
@@ -180,7 +180,10 @@ class Inventory:
             self._index()
             node.mac = mac
             self.unknown.pop(mac, None)
-        node.location, node.conflict = evidence, None
+            node.conflict = None
+        elif node.conflict and self.clock() - (node.conflict_at or 0) > self._lost_limit:
+            node.conflict = None  # the other machine stopped claiming the location
+        node.location = evidence
         return node
 
     def _alive(self, node: Node) -> bool:
@@ -351,9 +354,13 @@ class Inventory:
         node.last_report = None
         self._set_state(node, RunState.UNKNOWN, why)
 
+    @property
+    def _lost_limit(self) -> float:
+        return self.config.server.heartbeat * self.config.server.lost_after
+
     def check_lost(self) -> None:
         """Nodes whose agent stopped reporting become lost."""
-        limit = self.config.server.heartbeat * self.config.server.lost_after
+        limit = self._lost_limit
         now = self.clock()
         for node in self.nodes.values():
             if node.run_state not in (RunState.INIT, RunState.READY) or node.last_report is None:

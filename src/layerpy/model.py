@@ -69,6 +69,7 @@ class Node:
     image_error: str | None = None
     location: dict[str, object] | None = None  # the last evidence of where it is plugged in
     conflict: str | None = None
+    conflict_at: float | None = None  # when the other machine last claimed the location
     last_report: float | None = None
     boot: Boot | None = None
     boots: int = 0

@@ -215,7 +215,7 @@ def test_driver_against_the_lab(rig: Rig, driver: str, address: str) -> None:
 def test_dead_bmc_fails_fast_and_does_not_hold_up_a_live_one(rig: Rig) -> None:
     result = rig.in_lab("dead_and_live")
     assert re.fullmatch(
-        r"cn099: BMC 10\.99\.1\.99 unreachable \(no answer in [56] s\)", result["ipmi_error"]
+        r"cn099: BMC 10\.99\.1\.99 unreachable \(no answer in [3-6] s\)", result["ipmi_error"]
     )
     assert result["ipmi_failed_after"] < 6.5
     assert result["live_done_at"] < result["ipmi_failed_after"]

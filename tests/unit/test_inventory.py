@@ -212,3 +212,29 @@ def test_location_binds_replaces_moves_and_conflicts(make_config) -> None:
     assert node.conflict is None and inv.by_mac("52:54:00:aa:00:01") is None
     # bindings survive a restart
     assert Inventory(inv.config).by_mac("52:54:00:aa:00:02").name == "cn003"
+
+
+def test_conflict_stays_while_claimed_and_ends_when_the_claims_stop(make_config) -> None:
+    clock = Clock()
+    inv = Inventory(make_config(more=LOCATED), clock=clock)
+    node = inv.locate("52:54:00:aa:00:01", PORT, "lldp")
+    inv.saw_boot_request(node, "ipxe")
+    token = inv.issue_token(node)
+    inv.report(
+        {
+            "node": "cn003",
+            "token": token,
+            "mac": "52:54:00:aa:00:01",
+            "ip": "10.99.0.13",
+            "boot_id": "b",
+            "seq": 1,
+            "event": "hello",
+        }
+    )
+    assert inv.locate("52:54:00:aa:00:02", PORT, "lldp") is None
+    clock.now += 2
+    assert inv.locate("52:54:00:aa:00:01", PORT, "lldp") is node  # the rightful machine reports
+    assert node.conflict is not None  # ...but the other one still claims the port
+    clock.now += 7  # more than heartbeat x lost_after without a claim
+    inv.locate("52:54:00:aa:00:01", PORT, "lldp")
+    assert node.conflict is None
