@@ -57,6 +57,12 @@ def api(link, path: str):
     return json.loads(link.server.run("curl", "-sf", f"http://127.0.0.1:8080{path}").stdout)
 
 
+def udhcpc_once(link, script: Path, tries: str = "3", check: bool = True):
+    """busybox udhcpc: one lease (or failure) in the foreground, then exit."""
+    command = ["udhcpc", "-i", link.client_if, "-n", "-q", "-f", "-t", tries, "-T", "1"]
+    return link.client.run(*command, "-s", str(script), check=check, timeout=30)
+
+
 def recorder(tmp_path: Path) -> tuple[Path, Path]:
     log = tmp_path / "client.log"
     script = tmp_path / "record.sh"
@@ -68,21 +74,7 @@ def recorder(tmp_path: Path) -> tuple[Path, Path]:
 def test_udhcpc_gets_its_fixed_address(link, served, tmp_path: Path) -> None:
     served()
     script, log = recorder(tmp_path)
-    link.client.run(
-        "udhcpc",
-        "-i",
-        link.client_if,
-        "-n",
-        "-q",
-        "-f",
-        "-t",
-        "3",
-        "-T",
-        "1",
-        "-s",
-        str(script),
-        timeout=30,
-    )
+    udhcpc_once(link, script)
     bound = [line.split() for line in log.read_text().splitlines() if line.startswith("bound")]
     assert bound == [["bound", "10.77.0.12", "255.255.255.0", "10.77.0.1", "cn002", "3600"]]
     node = api(link, "/api/v1/nodes/cn002")
@@ -142,22 +134,7 @@ def test_dhclient_lease_and_renew(link, served, tmp_path: Path) -> None:
 def test_unknown_mac_gets_nothing_and_is_listed(link, served, tmp_path: Path) -> None:
     served(client_mac="52:54:00:aa:bb:cc")
     script, log = recorder(tmp_path)
-    result = link.client.run(
-        "udhcpc",
-        "-i",
-        link.client_if,
-        "-n",
-        "-q",
-        "-f",
-        "-t",
-        "2",
-        "-T",
-        "1",
-        "-s",
-        str(script),
-        check=False,
-        timeout=30,
-    )
+    result = udhcpc_once(link, script, tries="2", check=False)
     assert result.returncode != 0
     assert "bound" not in (log.read_text() if log.exists() else "")
     unknown = api(link, "/api/v1/unknown")
@@ -179,19 +156,5 @@ def test_garbage_is_counted_and_service_goes_on(link, served, tmp_path: Path) ->
     stats = api(link, "/api/v1/stats")
     assert stats["dhcp"]["malformed"]["failures"] == 4
     script, log = recorder(tmp_path)
-    link.client.run(
-        "udhcpc",
-        "-i",
-        link.client_if,
-        "-n",
-        "-q",
-        "-f",
-        "-t",
-        "3",
-        "-T",
-        "1",
-        "-s",
-        str(script),
-        timeout=30,
-    )
+    udhcpc_once(link, script)
     assert "bound 10.77.0.12" in log.read_text()

@@ -176,14 +176,9 @@ LOCATED = '\n[switches.sw1]\nrelay = "10.99.0.254"\n\n[nodes.cn003]\nip = "10.99
 PORT = ("sw1", "swp3")
 
 
-def test_location_binds_replaces_moves_and_conflicts(make_config) -> None:
-    clock = Clock()
-    inv = Inventory(make_config(more=LOCATED), clock=clock)
-    node = inv.locate("52:54:00:aa:00:01", PORT, "dhcp-option-82")
-    assert node.name == "cn003" and inv.by_mac("52:54:00:aa:00:01") is node
-    assert inv.events[-1]["kind"] == "bound"
-    assert node.location["port"] == "swp3" and node.location["source"] == "dhcp-option-82"
-    # the bound machine boots and reports: alive, so a second machine there is a conflict
+def bound_and_alive(inv: Inventory):
+    """A machine bound at sw1:swp3 that boots and says hello: cn003, alive."""
+    node = inv.locate("52:54:00:aa:00:01", PORT, "lldp")
     inv.saw_boot_request(node, "ipxe")
     token = inv.issue_token(node)
     inv.report(
@@ -197,6 +192,16 @@ def test_location_binds_replaces_moves_and_conflicts(make_config) -> None:
             "event": "hello",
         }
     )
+    return node
+
+
+def test_location_binds_replaces_moves_and_conflicts(make_config) -> None:
+    clock = Clock()
+    inv = Inventory(make_config(more=LOCATED), clock=clock)
+    node = bound_and_alive(inv)
+    assert node.name == "cn003" and inv.by_mac("52:54:00:aa:00:01") is node
+    assert inv.events[-1]["kind"] == "bound"
+    assert node.location["port"] == "swp3" and node.location["source"] == "lldp"
     assert inv.locate("52:54:00:aa:00:02", PORT, "lldp") is None
     assert "52:54:00:aa:00:02 claims sw1:swp3, where 52:54:00:aa:00:01 is alive" in node.conflict
     assert "belongs to cn003" in inv.unknown["52:54:00:aa:00:02"].conflict
@@ -217,20 +222,7 @@ def test_location_binds_replaces_moves_and_conflicts(make_config) -> None:
 def test_conflict_stays_while_claimed_and_ends_when_the_claims_stop(make_config) -> None:
     clock = Clock()
     inv = Inventory(make_config(more=LOCATED), clock=clock)
-    node = inv.locate("52:54:00:aa:00:01", PORT, "lldp")
-    inv.saw_boot_request(node, "ipxe")
-    token = inv.issue_token(node)
-    inv.report(
-        {
-            "node": "cn003",
-            "token": token,
-            "mac": "52:54:00:aa:00:01",
-            "ip": "10.99.0.13",
-            "boot_id": "b",
-            "seq": 1,
-            "event": "hello",
-        }
-    )
+    node = bound_and_alive(inv)
     assert inv.locate("52:54:00:aa:00:02", PORT, "lldp") is None
     clock.now += 2
     assert inv.locate("52:54:00:aa:00:01", PORT, "lldp") is node  # the rightful machine reports
