@@ -277,13 +277,7 @@ class _Reader:
 
     def switches(self, data: dict[str, Any]) -> dict[str, SwitchConfig]:
         switches = {}
-        for name, table in self.table(data, "switches", None).items():
-            prefix = f"switches.{name}"
-            if not isinstance(table, dict):
-                self.problem(prefix, f"must be a table, not {_kind(table)}")
-                continue
-            self.unknown_keys(table, prefix, SWITCH_KEYS)
-            get = self._getter(table, prefix)
+        for name, prefix, get in self.named_tables(data, "switches", SWITCH_KEYS):
             switch = SwitchConfig(
                 name,
                 get("chassis_id", str, _identifier),
@@ -318,17 +312,11 @@ class _Reader:
 
     def images(self, data: dict[str, Any]) -> dict[str, ImageConfig]:
         images = {}
-        for name, table in self.table(data, "images", None).items():
-            prefix = f"images.{name}"
-            if not isinstance(table, dict):
-                self.problem(prefix, f"must be a table, not {_kind(table)}")
-                continue
-            self.unknown_keys(table, prefix, IMAGE_KEYS)
-            get = self._getter(table, prefix)
+        for name, prefix, get in self.named_tables(data, "images", IMAGE_KEYS):
             insecure = get("insecure", bool, default=False)
             source = get("source", str, partial(parse_source, insecure=insecure), required=True)
             command = get("command", list, _string_list)
-            password = self.password(table, prefix)
+            password = self.password(get, prefix)
             if source is None:
                 continue
             if source.kind != "registry" and insecure:
@@ -542,7 +530,7 @@ class _Reader:
         get = self._getter(table, prefix)
         driver = get("driver", str, _choice(DRIVERS), required=True)
         address = get("address", str)
-        password = self.password(table, prefix)
+        password = self.password(get, prefix)
         if driver is None:
             return None
         if address is None and driver != "none":
@@ -574,8 +562,7 @@ class _Reader:
         }
         return [PowerSpec(address=address, **common) for address in addresses]
 
-    def password(self, table: dict[str, Any], prefix: str) -> str | None:
-        get = self._getter(table, prefix)
+    def password(self, get: Callable[..., Any], prefix: str) -> str | None:
         path = get("password_file", str, self.path)
         variable = get("password_env", str)
         if path and variable:
@@ -592,6 +579,18 @@ class _Reader:
                 )
             return os.environ.get(variable)
         return None
+
+    def named_tables(
+        self, data: dict[str, Any], section: str, known: set[str]
+    ) -> Iterator[tuple[str, str, Callable[..., Any]]]:
+        """``[section.NAME]`` tables: each name, its key prefix and a getter for its keys."""
+        for name, table in self.table(data, section, None).items():
+            prefix = f"{section}.{name}"
+            if not isinstance(table, dict):
+                self.problem(prefix, f"must be a table, not {_kind(table)}")
+                continue
+            self.unknown_keys(table, prefix, known)
+            yield name, prefix, self._getter(table, prefix)
 
     def unknown_keys(self, table: dict[str, Any], prefix: str, known: set[str]) -> None:
         for unknown in sorted(set(table) - known):
