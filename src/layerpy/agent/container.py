@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 
 BUSYBOX = "/bin/busybox"
 MARKER = "layerpy-container"  # $0 of every container's PID 1: how a restarted agent knows ours
+CGROUP = "layerpy.container"  # a systemd container's cgroup, below the agent's own (see SHIM)
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 HTTP_TIMEOUT = 30.0
 CHUNK = 1 << 20
@@ -45,6 +46,13 @@ FORMATS = ("squashfs", "tar")
 # else runs as a child that SIGTERM is forwarded to, because PID 1 ignores signals it has no
 # handler for, and because something has to reap the orphans of plain entrypoints. The trap
 # is set first so that a stop during the set-up is not lost either.
+#
+# systemd also needs a cgroup2 hierarchy it may write to: the minOS mounts one on
+# /sys/fs/cgroup (else the shim mounts it in the container), and the shim moves itself into
+# a cgroup of its own (CGROUP, below its current one), emptied of what a previous run left.
+# With no cgroup namespace (busybox unshare has no -C) systemd takes the cgroup it finds
+# itself in as its root and builds init.scope, system.slice, ... below it. On a host with
+# cgroup v1 (no cgroup.controllers) this is skipped and systemd copes on its own.
 SHIM = r"""
 set -e
 bb=$1 root=$2 host=$3 mode=$4
@@ -64,7 +72,20 @@ fi
 $bb hostname "$host"
 set +e
 [ -z "$stop" ] || exit 143
-[ "$mode" = systemd ] && exec "$@"
+if [ "$mode" = systemd ]; then
+    fs=$root/sys/fs/cgroup
+    if [ "$($bb stat -f -c %T "$fs")" = sysfs ]; then  # nothing mounted there
+        $bb mount -t cgroup2 -o nosuid,nodev,noexec cgroup2 "$fs"
+    fi
+    if [ -f "$fs/cgroup.controllers" ]; then
+        own=$($bb sed -n 's/^0:://p' /proc/self/cgroup)
+        cg=$fs${own%/}/CGROUP
+        [ -d "$cg" ] && $bb find "$cg" -mindepth 1 -depth -type d -exec $bb rmdir {} \;
+        $bb mkdir -p "$cg" && echo 0 >"$cg/cgroup.procs" ||
+            echo "layerpy: systemd gets no cgroup of its own ($cg)" >&2
+    fi
+    exec "$@"
+fi
 "$@" &
 c=$!
 [ -z "$stop" ] || $bb kill -TERM $c
@@ -73,7 +94,7 @@ while :; do
     s=$?
     $bb kill -0 $c 2>/dev/null || exit $s
 done
-"""
+""".replace("CGROUP", CGROUP)
 
 
 class PullError(Exception):
@@ -273,16 +294,34 @@ class Proc:
         return self._init
 
 
-def _catches(pid: int, sig: int) -> bool:
-    """Whether a process has a handler for ``sig`` (SigCgt in /proc/<pid>/status)."""
+def _catches(pid: int, sig: int, field: str = "SigCgt") -> bool:
+    """Whether a process has a handler for ``sig`` (SigCgt in /proc/<pid>/status), or with
+    ``field="SigBlk"`` blocks it (systemd blocks what it reads from a signalfd: a blocked
+    signal is queued for PID 1, never dropped)."""
     try:
         with open(f"/proc/{pid}/status", encoding="ascii") as f:
             for line in f:
-                if line.startswith("SigCgt:"):
+                if line.startswith(f"{field}:"):
                     return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
     except (OSError, ValueError, IndexError):
         pass
     return False
+
+
+def _drop_cgroup(fs: str = "/sys/fs/cgroup") -> None:
+    """Remove the cgroups a stopped systemd container left behind, deepest first. Best
+    effort: one still busy (a process not yet reaped) goes when the shim next starts."""
+    if not os.path.exists(os.path.join(fs, "cgroup.controllers")):
+        return  # no cgroup2 here: the shim mounted its own inside the container
+    try:
+        with open("/proc/self/cgroup", encoding="utf-8") as f:
+            own = next(line[3:].strip() for line in f if line.startswith("0::"))
+    except (OSError, StopIteration):
+        return
+    top = fs + own.rstrip("/") + "/" + CGROUP
+    for path, _, _ in os.walk(top, topdown=False):
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
 
 
 def _kill(pid: int | None, sig: int) -> None:
@@ -634,7 +673,11 @@ class Runner:
             # systemd halts on SIGRTMIN+3; the shim (also before it execs systemd) on SIGTERM
             shim = init is not None and MARKER in _cmdline(init)
             sig = signal.SIGRTMIN + 3 if systemd and not shim else signal.SIGTERM
-            if init is not None and _catches(init, sig):  # PID 1 ignores what it does not catch
+            # PID 1 ignores what it neither catches nor blocks (systemd: blocked, signalfd)
+            ready = init is not None and _catches(init, sig)
+            if init is not None and systemd and not shim and not ready:
+                ready = _catches(init, sig, "SigBlk")
+            if ready:
                 _kill(init, sig)
                 break
             time.sleep(0.02)
@@ -645,6 +688,8 @@ class Runner:
             _kill(proc.pid, signal.SIGKILL)
             status = proc.wait(5.0)
         self.log(f"container stopped ({status or 'still there'}) in {time.monotonic() - t0:.1f} s")
+        if systemd:
+            _drop_cgroup()
         self._forget()
 
     def _watch(self) -> None:
