@@ -27,6 +27,9 @@ DEBS=$CACHE/debs
 WORK=$CACHE/minos-build # scratch: wiped at the start of every build
 OUT=$HERE/out
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-1704067200}
+mkdir -p "$CACHE"
+exec 9>"$CACHE/minos-build.lock"
+flock 9 # one build at a time: they share the scratch directory
 
 # Kernel modules: the NIC (virtio-net: the cloud kernel has no e1000), and what running
 # system images needs later (overlay, squashfs, loop). Their dependencies come along.

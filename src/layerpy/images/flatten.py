@@ -28,6 +28,8 @@ from layerpy.images.source import ImageError
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 XATTR = "SCHILY.xattr."
+# POSIX ACLs are dropped: tar2sqfs cannot store them, and the minOS runs containers as root
+POSIX_ACL = XATTR + "system.posix_acl_"
 MAX_SYMLINKS = 40  # as Linux's path resolution
 GZIP, ZSTD = b"\x1f\x8b", b"\x28\xb5\x2f\xfd"
 
@@ -233,7 +235,7 @@ def _entry(
         return entry, None
     entry.mode, entry.mtime = source.mode, source.mtime
     entry.uid, entry.gid = source.uid, source.gid
-    entry.pax_headers = {k: v for k, v in source.pax_headers.items() if k.startswith(XATTR)}
+    entry.pax_headers = {k: v for k, v in source.pax_headers.items() if _kept_xattr(k)}
     if node.children is not None:
         entry.type = tarfile.DIRTYPE
     elif id(node.inode) in first:
@@ -247,3 +249,7 @@ def _entry(
         entry.type, entry.linkname = source.type, source.linkname
         entry.devmajor, entry.devminor = source.devmajor, source.devminor
     return entry, None
+
+
+def _kept_xattr(key: str) -> bool:
+    return key.startswith(XATTR) and not key.startswith(POSIX_ACL)
