@@ -230,3 +230,14 @@ def test_conflict_stays_while_claimed_and_ends_when_the_claims_stop(make_config)
     clock.now += 7  # more than heartbeat x lost_after without a claim
     inv.locate("52:54:00:aa:00:01", PORT, "lldp")
     assert node.conflict is None
+
+
+def test_a_machine_that_moves_follows_the_port(make_config) -> None:
+    extra = '\n[nodes.cn004]\nip = "10.99.0.14"\nlocation = "sw1:swp4"\n'
+    inv = Inventory(make_config(more=LOCATED + extra))
+    first = inv.locate("52:54:00:aa:00:01", PORT, "lldp")
+    moved = inv.locate("52:54:00:aa:00:01", ("sw1", "swp4"), "lldp")
+    assert (first.name, moved.name) == ("cn003", "cn004")
+    assert inv.by_mac("52:54:00:aa:00:01") is moved and inv.mac_of(first) is None
+    assert [e["kind"] for e in inv.events] == ["bound", "moved", "bound"]
+    assert inv.events[1]["message"] == "52:54:00:aa:00:01 moved from cn003 to cn004 (sw1:swp4)"
