@@ -241,7 +241,17 @@ class Engine:
         except NoPath as exc:
             steps, blocked = (), str(exc)
             if blocked != rec.blocked:
-                log.info("%s: waiting: %s", rec.name, blocked)
+                # waiting for a first observation is normal at start-up: not worth a line each
+                unobserved = any(
+                    value == var.default
+                    for var, value in zip(self.graph.variables, rec.state, strict=True)
+                )
+                log.log(
+                    logging.DEBUG if unobserved else logging.INFO,
+                    "%s: waiting: %s",
+                    rec.name,
+                    blocked,
+                )
         self._count["blocked"] += bool(blocked) - bool(rec.blocked)
         rec.blocked = blocked
         if steps:
