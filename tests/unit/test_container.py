@@ -520,3 +520,30 @@ def test_restarted_agent_adopts_the_container_and_cleans_up(tmp_path: Path, agen
     assert any("is gone; restarting it" in ln for ln in a4.lines)
     rep = a4.wait(lambda r: r["container_pid"] not in (None, new))
     assert rep["image_state"] == "active" and not any("pulling" in ln for ln in a4.lines)
+
+
+@pytest.mark.parametrize(
+    ("how", "caught", "blocked"), [("block", False, True), ("handle", True, False)]
+)
+def test_stop_readiness_sees_blocked_and_handled_signals(
+    how: str, caught: bool, blocked: bool
+) -> None:
+    """systemd blocks SIGRTMIN+3 and reads it from a signalfd; a plain init traps it. The
+    runner must see both, or it waits its whole stop timeout and kills systemd."""
+    from layerpy.agent.container import _catches
+
+    rtmin3 = int(signal.SIGRTMIN) + 3
+    setup = (
+        f"signal.pthread_sigmask(signal.SIG_BLOCK, [{rtmin3}])"
+        if how == "block"
+        else f"signal.signal({rtmin3}, lambda *_: None)"
+    )
+    program = f"import signal, sys, time; {setup}; print('ready', flush=True); time.sleep(30)"
+    proc = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        assert _catches(proc.pid, rtmin3) is caught
+        assert _catches(proc.pid, rtmin3, "SigBlk") is blocked
+    finally:
+        proc.kill()
+        proc.wait()
