@@ -11,20 +11,33 @@ import itertools
 import re
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
-MAX_EXPANSION = 1_000_000
+MAX_EXPANSION = 100_000
+"""The most names one expression may stand for; counted before anything is built."""
 
 
 class HostlistError(ValueError):
     """A hostlist expression that cannot be expanded; the message says where."""
 
 
-def expand(expression: str) -> list[str]:
-    """Expand a hostlist expression into its names, in order."""
+# One bracket item: first, last and zero-padding width, e.g. 001-004 -> (1, 4, 3).
+_Range = tuple[int, int, int]
+# One comma-separated part: literals at even indexes, bracket bodies (ranges) at odd ones.
+_Pattern = list[str | list[_Range]]
+
+
+def expand(expression: str, limit: int = MAX_EXPANSION) -> list[str]:
+    """Expand a hostlist expression into its names, in order.
+
+    The number of names is counted from the ranges first, so ``x[0-999][0-999][0-999]``
+    fails at once instead of building a billion strings.
+    """
+    patterns = [_parse_one(part, expression) for part in _split_top_level(expression)]
+    total = sum(_size(pattern) for pattern in patterns)
+    if total > limit:
+        raise HostlistError(f"{expression!r} is too large: {total} names, the limit is {limit}")
     names: list[str] = []
-    for part in _split_top_level(expression):
-        names.extend(_expand_one(part, expression))
-        if len(names) > MAX_EXPANSION:
-            raise HostlistError(f"{expression!r} expands to more than {MAX_EXPANSION} names")
+    for pattern in patterns:
+        names.extend(_expand_one(pattern))
     return names
 
 
@@ -52,18 +65,20 @@ def _split_top_level(expression: str) -> list[str]:
     return [part.strip() for part in parts]
 
 
-def _expand_one(pattern: str, expression: str) -> list[str]:
-    pieces = re.split(r"\[([^\[\]]*)\]", pattern)
-    if any("[" in literal or "]" in literal for literal in pieces[::2]):
-        raise HostlistError(f"{expression!r}: nested brackets are not supported")
-    choices: list[list[str]] = []
-    for index, piece in enumerate(pieces):
-        choices.append(_expand_bracket(piece, expression) if index % 2 else [piece])
-    return ["".join(combo) for combo in itertools.product(*choices)]
+def _parse_one(pattern: str, expression: str) -> _Pattern:
+    pieces: _Pattern = []
+    for index, piece in enumerate(re.split(r"\[([^\[\]]*)\]", pattern)):
+        if index % 2:
+            pieces.append(_parse_bracket(piece, expression))
+        elif "[" in piece or "]" in piece:
+            raise HostlistError(f"{expression!r}: nested brackets are not supported")
+        else:
+            pieces.append(piece)
+    return pieces
 
 
-def _expand_bracket(body: str, expression: str) -> list[str]:
-    values: list[str] = []
+def _parse_bracket(body: str, expression: str) -> list[_Range]:
+    ranges: list[_Range] = []
     for item in body.split(","):
         match = _RANGE.match(item.strip())
         if not match:
@@ -74,8 +89,26 @@ def _expand_bracket(body: str, expression: str) -> list[str]:
         low, high = int(first), int(last)
         if high < low:
             raise HostlistError(f"{expression!r}: range {item.strip()} runs backwards")
-        if high - low >= MAX_EXPANSION:
-            raise HostlistError(f"{expression!r}: range {item.strip()} is too large")
         width = len(first) if first.startswith("0") and len(first) > 1 else 0
-        values.extend(str(n).zfill(width) for n in range(low, high + 1))
-    return values
+        ranges.append((low, high, width))
+    return ranges
+
+
+def _size(pattern: _Pattern) -> int:
+    total = 1
+    for piece in pattern[1::2]:
+        assert isinstance(piece, list)
+        total *= sum(high - low + 1 for low, high, _ in piece)
+    return total
+
+
+def _expand_one(pattern: _Pattern) -> list[str]:
+    choices: list[list[str]] = []
+    for piece in pattern:
+        if isinstance(piece, str):
+            choices.append([piece])
+        else:
+            choices.append(
+                [str(n).zfill(width) for low, high, width in piece for n in range(low, high + 1)]
+            )
+    return ["".join(combo) for combo in itertools.product(*choices)]

@@ -1,6 +1,9 @@
+import subprocess
+import sys
+
 import pytest
 
-from layerpy.hostlist import HostlistError, expand
+from layerpy.hostlist import MAX_EXPANSION, HostlistError, expand
 
 
 @pytest.mark.parametrize(
@@ -37,3 +40,44 @@ def test_expand(expression: str, names: list[str]) -> None:
 def test_errors(expression: str, message: str) -> None:
     with pytest.raises(HostlistError, match=message.replace("[", r"\[")):
         expand(expression)
+
+
+def test_limit_counts_every_part_and_bracket() -> None:
+    assert len(expand("n[1-100000]")) == MAX_EXPANSION
+    assert len(expand("r[1-10]n[1-100],n[1-99000]")) == MAX_EXPANSION
+    for expression in (
+        "n[0-100000]",
+        "a[1-60000],b[1-60000]",
+        "r[1-2]n[1-50001]",
+        "n[1-3,1-99998]",
+    ):
+        with pytest.raises(
+            HostlistError, match=r"too large: 1[02]000\d names, the limit is 100000"
+        ):
+            expand(expression)
+    assert expand("n[1-3]", limit=3) == ["n1", "n2", "n3"]
+    with pytest.raises(HostlistError, match="too large: 4 names, the limit is 3"):
+        expand("n[1-4]", limit=3)
+
+
+# In a child with little address space: an expansion built before it is sized dies of
+# MemoryError there (after seconds) instead of eating this machine's memory.
+HUGE = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))
+from layerpy.hostlist import MAX_EXPANSION, HostlistError, expand
+try:
+    expand("x[0-999][0-999][0-999]")
+except HostlistError as error:
+    print(error)
+"""
+
+
+def test_huge_expansion_is_refused_before_it_is_built() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", HUGE], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (
+        "'x[0-999][0-999][0-999]' is too large: 1000000000 names, the limit is 100000\n"
+    )
