@@ -136,3 +136,22 @@ def test_reload_applies_whole_files_and_refuses_broken_ones(host: Netns, make_co
     assert "running configuration stays in force" in result.stderr
     nodes = json.loads(curl(host, f"{BASE}/api/v1/nodes")[1])
     assert [n["name"] for n in nodes] == ["cn001", "cn002", "cn005"]
+
+
+def test_explain_takes_a_node_or_a_hostlist(host: Netns) -> None:
+    def explain(expression: str) -> tuple[int, str]:
+        return curl(host, "-g", f"{BASE}/api/v1/nodes/{expression}/explain")
+
+    code, body = explain("cn001")
+    assert code == 200 and json.loads(body)["name"] == "cn001"
+    code, body = explain("cn[001-002]")
+    assert code == 200 and [e["name"] for e in json.loads(body)] == ["cn001", "cn002"]
+    code, body = explain("cn[002],cn001")
+    assert code == 200 and [e["name"] for e in json.loads(body)] == ["cn002", "cn001"]
+    assert explain("cn[001-004]") == (404, "not in the node file: cn003, cn004\n")
+    code, body = explain("cn[001-100]")
+    assert code == 404 and body.endswith(", cn022 and 78 more\n")
+    assert explain("cn[2-1]") == (400, "'cn[2-1]': range 2-1 runs backwards\n")
+    code, body = explain("x[0-999][0-999][0-999]")  # sized before it is expanded
+    assert code == 400 and "too large: 1000000000 names, the limit is 100000" in body
+    assert explain("cn002")[0] == 200

@@ -210,9 +210,13 @@ async def plan(request: web.Request) -> web.Response:
 
 
 async def explain(request: web.Request) -> web.Response:
-    name = request.match_info["name"]
-    _expand_nodes(request, name)
-    return web.json_response(request.app[POWER].explain(name))
+    """One node's explain (an object), or a hostlist's (a list, in hostlist order)."""
+    expression = request.match_info["name"]
+    names = _expand_nodes(request, expression)
+    power = request.app[POWER]
+    if "[" in expression or "," in expression:
+        return web.json_response([power.explain(name) for name in names])
+    return web.json_response(power.explain(names[0]))
 
 
 async def _json_object(request: web.Request) -> dict[str, Any]:
@@ -225,15 +229,21 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
     return body
 
 
+MISSING_SHOWN = 20  # a 404 names this many missing nodes, then counts the rest
+
+
 def _expand_nodes(request: web.Request, expression: str) -> list[str]:
-    """Node names from a hostlist; 404 naming the ones that are not in the file."""
+    """Node names from a hostlist (sized before it is expanded: 400 when too large or
+    malformed); 404 naming the ones that are not in the file."""
     try:
         names = hostlist.expand(expression)
     except hostlist.HostlistError as error:
         raise web.HTTPBadRequest(text=f"{error}\n") from None
     missing = [name for name in names if name not in request.app[INVENTORY].nodes]
     if missing:
-        raise web.HTTPNotFound(text=f"not in the node file: {', '.join(missing)}\n")
+        shown = ", ".join(missing[:MISSING_SHOWN])
+        more = f" and {len(missing) - MISSING_SHOWN} more" if len(missing) > MISSING_SHOWN else ""
+        raise web.HTTPNotFound(text=f"not in the node file: {shown}{more}\n")
     return names
 
 
