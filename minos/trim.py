@@ -43,15 +43,15 @@ def exercise() -> None:
     import layerpy
     import layerpy.agent
     import layerpy.agent.lldp
-    import layerpy.proto
-    from layerpy.agent import cmdline, core, net
+    from layerpy.agent import core, net
+    from layerpy.proto import agent as contract
     from layerpy.proto import lldp as codec
 
     runpy._get_module_details("layerpy.agent")  # what `python -m layerpy.agent` resolves
     for name in ("utf-8", "ascii", "latin-1", "idna"):
         codecs.lookup(name)
     "n\u00f6de.example".encode("idna")  # what getaddrinfo does with a str host name
-    cfg = cmdline.parse_cmdline(
+    cfg = contract.Cmdline.parse(
         'layerpy.server=http://localhost:1 layerpy.node=n1 BOOTIF=01-52-54-00-12-34-56 x="a b"'
     )
     assert cfg.ok and cfg.bootif == "52:54:00:12:34:56", cfg
@@ -98,10 +98,12 @@ def exercise() -> None:
         log = core.Log("n1", io.StringIO())
         agent = core.Agent(cfg, log, no_net=True, state_dir=tmp)
         agent._heard(neighbor, "lo")
-        body_ = agent.body(agent.observe(), "hello")
+        body_ = contract.encode(agent.body(agent.observe(), contract.Event.HELLO))
         agent._save_state()
-        assert body_["agent_version"] == layerpy.__version__
-        json.dumps(body_)
+        assert contract.Report.from_json(json.loads(json.dumps(body_))).node == "n1"
+        answer = contract.Answer(node="n1", identity=contract.Identity("n2", "t"))
+        agent._read_answer(contract.encode(answer))
+        agent._read_answer({"protocol": "9.0"})
         exercise_runner(tmp)
     finally:
         shutil.rmtree(tmp)
@@ -116,7 +118,7 @@ def exercise_runner(tmp: str) -> None:
     import json
     import tarfile
 
-    from layerpy.agent import container
+    from layerpy.agent import container, image
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tf:
@@ -126,9 +128,9 @@ def exercise_runner(tmp: str) -> None:
     data = buf.getvalue()
     url = "data:application/x-tar;base64," + base64.b64encode(data).decode()
     path, root = os.path.join(tmp, "rootfs.tar"), os.path.join(tmp, "root")
-    container.download(url, path, hashlib.sha256(data).hexdigest(), len(data), "sha256:x")
+    image.download(url, path, hashlib.sha256(data).hexdigest(), len(data), "sha256:x")
     os.mkdir(root)
-    container.extract_tar(path, root)
+    image.extract_tar(path, root)
     with open(os.path.join(root, "etc", "marker"), "rb") as f:
         assert f.read() == b"ok\n"
     runner = container.Runner(os.path.join(tmp, "run"), lambda msg: None, "n1", console=os.devnull)

@@ -20,17 +20,17 @@ import time
 import pytest
 
 import layerpy
-from layerpy.agent import Agent, Log, parse_cmdline, read_cmdline
-from layerpy.agent.cmdline import normalize_mac, split_cmdline
+from layerpy.agent import Agent, Log, read_cmdline
 from layerpy.agent.core import load_config, post_json
 from layerpy.agent.net import Nic
+from layerpy.proto.agent import Answer, Cmdline, Identity, encode, normalize_mac, split_cmdline
 from layerpy.proto.lldp import Neighbor
 
 # -- command line -----------------------------------------------------------------------
 
 
 def test_cmdline_full() -> None:
-    cfg = parse_cmdline(
+    cfg = Cmdline.parse(
         "BOOT_IMAGE=/vmlinuz console=ttyS0 layerpy.server=http://10.99.0.1:8080/ "
         "layerpy.node=cn001 layerpy.token=abc=def BOOTIF=01-52-54-00-12-34-56 quiet\n"
     )
@@ -46,7 +46,7 @@ def test_cmdline_full() -> None:
 
 
 def test_cmdline_heartbeat_quotes_and_last_wins() -> None:
-    cfg = parse_cmdline(
+    cfg = Cmdline.parse(
         'layerpy.node=a layerpy.node=b layerpy.server=https://h layerpy.heartbeat=2.5 x="1 2"'
         " layerpy.lldp_wait=0"
     )
@@ -67,13 +67,13 @@ def test_cmdline_heartbeat_quotes_and_last_wins() -> None:
     ],
 )
 def test_cmdline_missing(line: str, problem: str) -> None:
-    cfg = parse_cmdline(line)
+    cfg = Cmdline.parse(line)
     assert not cfg.ok
     assert any(problem in p for p in cfg.problems)
 
 
 def test_cmdline_soft_problems_keep_ok() -> None:
-    cfg = parse_cmdline(
+    cfg = Cmdline.parse(
         "layerpy.server=http://h layerpy.node=n BOOTIF=zz layerpy.heartbeat=-1 layerpy.lldp_wait=x"
     )
     assert cfg.ok
@@ -139,7 +139,8 @@ class FakeServer:
         self.times: list[float] = []
         self.status = 200
         self.heartbeat: float | None = 0.2
-        self.identity: dict | None = None
+        self.identity: Identity | None = None
+        self.protocol = "1.0"
         self.cond = threading.Condition()
         owner = self
 
@@ -153,10 +154,9 @@ class FakeServer:
                     owner.cond.notify_all()
                 data = b"{}"
                 if owner.status == 200 and owner.heartbeat is not None:
-                    answer = {"heartbeat": owner.heartbeat, "image": None}
-                    if owner.identity is not None:
-                        answer["identity"] = owner.identity
-                    data = json.dumps(answer).encode()
+                    node = body.get("node") or "t1"
+                    answer = Answer(node, owner.heartbeat, None, owner.identity, owner.protocol)
+                    data = json.dumps(encode(answer)).encode()
                 self.send_response(owner.status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -185,7 +185,7 @@ class Running:
     """An Agent looping in a thread until stopped; its log lines are kept."""
 
     def __init__(self, port: int, state_dir, extra: str = "", **kw: object) -> None:
-        self.cfg = parse_cmdline(
+        self.cfg = Cmdline.parse(
             f"layerpy.server=http://127.0.0.1:{port} layerpy.node=t1 layerpy.token=tok "
             f"BOOTIF=01-52-54-00-12-34-56 {extra}"
         )
@@ -243,8 +243,9 @@ def test_hello_body(server, agents, tmp_path) -> None:
     hello = server.wait(1)[0]
     assert hello.pop("path") == "/api/v1/agent/report"
     assert set(hello) == {
-        "node", "token", "mac", "ip", "hostname", "boot_id", "seq", "event", "run_state",
-        "busy", "uptime", "timeline", "lldp", "lldp_ignored", "agent_version",
+        "node", "token", "mac", "ip", "hostname", "boot_id", "seq", "event",
+        "busy", "uptime", "timeline", "lldp", "lldp_ignored", "agent_version", "image",
+        "protocol",
     }  # fmt: skip
     assert hello["node"] == "t1"
     assert hello["token"] == "tok"
@@ -255,7 +256,8 @@ def test_hello_body(server, agents, tmp_path) -> None:
         assert hello["boot_id"] == f.read().strip()
     assert hello["seq"] == 1
     assert hello["event"] == "hello"
-    assert hello["run_state"] == "ready"
+    assert hello["protocol"] == "1.0"
+    assert hello["image"]["state"] == "none"
     assert hello["busy"] is False
     assert (hello["lldp"], hello["lldp_ignored"]) == (None, 0)  # no switch heard yet
     assert isinstance(hello["uptime"], float) and hello["uptime"] > 0
@@ -384,7 +386,7 @@ def test_restart_in_same_boot_continues(server, agents, tmp_path) -> None:
 def test_post_json_outcomes(server) -> None:
     url = f"http://127.0.0.1:{server.port}/api/v1/agent/report"
     ok = post_json(url, {"x": 1}, 1.0)
-    assert (ok.kind, ok.status, ok.body) == ("ok", 200, {"heartbeat": 0.2, "image": None})
+    assert (ok.kind, ok.status, ok.body["heartbeat"]) == ("ok", 200, 0.2)
     server.status = 404
     assert post_json(url, {}, 1.0).kind == "rejected"
     server.status = 500
@@ -460,7 +462,7 @@ def test_lldp_wait_zero_turns_it_off(server, agents, tmp_path) -> None:
 
 def test_identity_switch(server, agents, tmp_path) -> None:
     server.heartbeat = 30
-    server.identity = {"node": "cn002", "token": "tok2"}
+    server.identity = Identity("cn002", "tok2")
     a = Running(server.port, tmp_path, "layerpy.node=discover layerpy.token=d1")
     agents.append(a)
     first, hello = server.wait(2)
@@ -514,3 +516,16 @@ def test_redo_dhcp_releases_then_asks_again(tmp_path) -> None:
     assert udhcpc.wait(2) == 0
     assert got.read_text().split() == ["usr2", "term"]  # release, then exit
     assert started == ["cn002"]  # a fresh DISCOVER with the new hostname
+
+
+def test_answer_in_another_major_protocol_is_said_once_and_ignored(
+    server, agents, tmp_path
+) -> None:
+    server.protocol = "2.0"
+    server.heartbeat = 0.05  # not applied: the answer is ignored whole
+    a = Running(server.port, tmp_path, "layerpy.heartbeat=0.1")
+    agents.append(a)
+    server.wait(4)
+    a.wait_log("the server's answer speaks layerpy agent protocol 2.0, this side 1.0")
+    assert sum("protocol 2.0" in line for line in a.lines()) == 1
+    assert a.agent.heartbeat == 0.1

@@ -4,7 +4,6 @@ Standard library only (plus ``layerpy.proto``): it runs inside the initramfs, wh
 imported module is carried in the image, so imports are kept few and cheap.
 """
 
-from layerpy.agent.cmdline import Config, parse_cmdline, read_cmdline
-from layerpy.agent.core import Agent, Log, main, post_json
+from layerpy.agent.core import Agent, Log, main, post_json, read_cmdline
 
-__all__ = ["Agent", "Config", "Log", "main", "parse_cmdline", "post_json", "read_cmdline"]
+__all__ = ["Agent", "Log", "main", "post_json", "read_cmdline"]

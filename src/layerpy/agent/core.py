@@ -23,18 +23,29 @@ from collections.abc import Callable
 
 import layerpy
 from layerpy.agent import lldp
-from layerpy.agent.cmdline import Config, read_cmdline
 from layerpy.agent.container import Runner
 from layerpy.agent.net import Nic, pick_interface, source_address
+from layerpy.proto.agent import (
+    Answer,
+    Cmdline,
+    ContractError,
+    Event,
+    Identity,
+    ImageStatus,
+    Lldp,
+    ProtocolMismatch,
+    Report,
+    decode,
+    encode,
+)
 from layerpy.proto.lldp import Neighbor
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 UPTIME = "/proc/uptime"
 HOSTNAME = "/proc/sys/kernel/hostname"  # sethostname(2) by another door: no busybox needed
 STATE_DIR = "/run/layerpy"
+CMDLINE = "/proc/cmdline"
 HTTP_TIMEOUT = 5.0
-MIN_HEARTBEAT = 0.1
-MAX_HEARTBEAT = 3600.0
 CONFIG_RETRY = 30.0
 
 
@@ -45,6 +56,13 @@ def uptime() -> float:
             return float(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         return time.monotonic()
+
+
+def read_cmdline(path: str | None = None) -> Cmdline:
+    """The kernel command line (``LAYERPY_CMDLINE`` names another file, for tests)."""
+    path = path or os.environ.get("LAYERPY_CMDLINE") or CMDLINE
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return Cmdline.parse(f.read())
 
 
 def boot_id() -> str:
@@ -129,7 +147,7 @@ class Agent:
 
     def __init__(
         self,
-        cfg: Config,
+        cfg: Cmdline,
         log: Log,
         *,
         no_net: bool = False,
@@ -166,13 +184,14 @@ class Agent:
             "identity": None,
         }
         self.listen = listen
-        self.lldp: dict | None = None  # the neighbour as reported; replaced whole, never edited
+        self.lldp: Lldp | None = None  # the neighbour as reported
         self.lldp_ignored = 0
         self._ended = threading.Event()
         self.nic: Nic | None = None
-        self.sent: dict[str, str] = {}  # observations in the last accepted report
-        self.last_response: dict = {}
+        self.sent: dict[str, object] = {}  # observations in the last accepted report
+        self.answer: Answer | None = None  # the last one the server sent
         self._failing = ""  # kind of the current failure streak, "" while all is well
+        self._answer_problem = ""  # the last answer that broke the contract, said once
         self._since = 0.0
         self._failures = 0
         self._backoff = backoff_min
@@ -195,7 +214,10 @@ class Agent:
             self._take_identity(node, token)
             self.log(f"continuing as {node}, the identity adopted in this boot (was {was})")
         if isinstance(st.get("lldp"), dict):
-            self.lldp = st["lldp"]
+            try:
+                self.lldp = decode(Lldp, st["lldp"], "saved lldp")
+            except ContractError:
+                self.lldp = None
         self.lldp_ignored = int(st.get("lldp_ignored", 0))
         self.seq = int(st.get("seq", 0))
         self.hello_done = bool(st.get("hello_done"))
@@ -214,7 +236,7 @@ class Agent:
             "seq": self.seq,
             "hello_done": self.hello_done,
             "timeline": self.timeline,
-            "lldp": self.lldp,
+            "lldp": encode(self.lldp),
             "lldp_ignored": self.lldp_ignored,
         }
         try:
@@ -239,7 +261,7 @@ class Agent:
         if self.timeline["ip_acquired"] is None:
             self.timeline["ip_acquired"] = self.nic.ip_acquired
 
-    def observe(self) -> dict[str, str]:
+    def observe(self) -> dict[str, object]:
         """Facts whose change triggers an immediate report."""
         if self.nic is not None:
             mac, ip = self.nic.mac, self.nic.address()
@@ -249,63 +271,81 @@ class Agent:
         busy = "busy" if os.path.exists(os.path.join(self.state_dir, "busy")) else "free"
         facts = {"mac": mac, "ip": ip, "hostname": socket.gethostname(), "busy": busy}
         heard = self.lldp  # the switch port: where the node is plugged in, not when it was heard
-        facts["lldp"] = json.dumps([heard["chassis_id"], heard["port_id"]]) if heard else ""
-        if self.runner is not None:
-            image = self.runner.report()
-            for key in ("image_state", "image_digest", "image_error"):
-                facts[key] = image[key] or ""
+        facts["lldp"] = (heard.chassis_id, heard.port_id) if heard else None
+        image = self.image()
+        facts["image"] = (image.state, image.digest, image.error)
         return facts
 
-    def body(self, obs: dict[str, str], event: str) -> dict:
-        return {
-            "node": self.cfg.node,
-            "token": self.cfg.token,
-            "mac": obs["mac"],
-            "ip": obs["ip"],
-            "hostname": obs["hostname"],
-            "boot_id": self.boot_id,
-            "seq": self.seq,
-            "event": event,
-            "run_state": "ready",
-            "busy": obs["busy"] == "busy",
-            "uptime": uptime(),
-            "timeline": dict(self.timeline),
-            "lldp": self.lldp,
-            "lldp_ignored": self.lldp_ignored,
-            "agent_version": layerpy.__version__,
-            **(self.runner.report() if self.runner is not None else {}),
-        }
+    def image(self) -> ImageStatus:
+        return self.runner.report() if self.runner is not None else ImageStatus()
 
-    def report(self, obs: dict[str, str]) -> Outcome:
+    def body(self, obs: dict[str, object], event: Event) -> Report:
+        return Report(
+            node=self.cfg.node,
+            token=self.cfg.token,
+            mac=str(obs["mac"]),
+            ip=str(obs["ip"]),
+            hostname=str(obs["hostname"]),
+            boot_id=self.boot_id,
+            seq=self.seq,
+            event=event,
+            busy=obs["busy"] == "busy",
+            uptime=uptime(),
+            timeline=dict(self.timeline),
+            lldp=self.lldp,
+            lldp_ignored=self.lldp_ignored,
+            agent_version=layerpy.__version__,
+            image=self.image(),
+        )
+
+    def report(self, obs: dict[str, object]) -> Outcome:
         if not self.hello_done:
-            event = "hello"
+            event = Event.HELLO
             self.timeline["hello"] = uptime()
         elif obs != self.sent:
-            event = "change"
+            event = Event.CHANGE
         else:
-            event = "heartbeat"
+            event = Event.HEARTBEAT
         self.seq += 1
-        out = post_json(self.cfg.report_url, self.body(obs, event), self.timeout)
+        out = post_json(self.cfg.report_url, encode(self.body(obs, event)), self.timeout)
         if out.kind == "ok":
             self.sent = obs
-            self.last_response = out.body if isinstance(out.body, dict) else {}
-            self._apply_heartbeat(self.last_response.get("heartbeat"))
-            if self.runner is not None and "image" in self.last_response:
-                self.runner.want(self.last_response["image"])
-            if event == "hello":
+            answer = self._read_answer(out.body)
+            if event == Event.HELLO:
                 self.hello_done = True
                 self.log(
                     f"hello accepted by {self.cfg.server} (seq {self.seq}, ip {obs['ip'] or '-'},"
                     f" heartbeat {self.heartbeat:g} s)"
                 )
-            elif event == "change":
+            elif event == Event.CHANGE:
                 self.log(f"reported change: ip {obs['ip'] or '-'}, {obs['busy']}")
             if out.detail:
                 self.log(f"server answered oddly: {out.detail}")
-            if "identity" in self.last_response:  # last: a new identity undoes hello_done
-                self._adopt(self.last_response["identity"])
+            if answer is not None and answer.identity is not None:
+                self._adopt(answer.identity)  # last: a new identity undoes hello_done
         self._save_state()
         return out
+
+    def _read_answer(self, body: object) -> Answer | None:
+        """Apply the server's answer; one that breaks the contract is said once, ignored."""
+        try:
+            answer = Answer.from_json(body)
+        except ContractError as error:
+            problem = str(error)
+            if isinstance(error, ProtocolMismatch):
+                problem += "; keeping the current image and heartbeat"
+            if problem != self._answer_problem:
+                self.log(problem)
+            self._answer_problem = problem
+            return None
+        self._answer_problem = ""
+        self.answer = answer
+        if answer.heartbeat != self.heartbeat:
+            self.log(f"heartbeat is now {answer.heartbeat:g} s (from server)")
+            self.heartbeat = answer.heartbeat
+        if self.runner is not None:
+            self.runner.want(answer.image)
+        return answer
 
     # -- LLDP: which switch port this node is plugged into --
 
@@ -338,23 +378,23 @@ class Agent:
     def _heard(self, heard: Neighbor, ifname: str) -> None:
         old = self.lldp
         heard_at = uptime()
-        if old and (old["chassis_id"], old["port_id"]) == (heard.chassis_id, heard.port_id):
-            heard_at = old["heard_at"]  # same port: since when we know it
+        if old and (old.chassis_id, old.port_id) == (heard.chassis_id, heard.port_id):
+            heard_at = old.heard_at or heard_at  # same port: since when we know it
         else:
             self.log(
                 f"LLDP on {ifname}: switch {heard.system_name or heard.chassis_id},"
                 f" port {heard.port_id} (at uptime {heard_at:.2f} s)"
             )
-        self.lldp = {
-            "chassis_id": heard.chassis_id,
-            "chassis_subtype": heard.chassis_subtype,
-            "port_id": heard.port_id,
-            "port_subtype": heard.port_subtype,
-            "system_name": heard.system_name,
-            "port_description": heard.port_description,
-            "ttl": heard.ttl,
-            "heard_at": heard_at,
-        }
+        self.lldp = Lldp(
+            chassis_id=heard.chassis_id,
+            port_id=heard.port_id,
+            chassis_subtype=heard.chassis_subtype,
+            port_subtype=heard.port_subtype,
+            system_name=heard.system_name,
+            port_description=heard.port_description,
+            ttl=heard.ttl,
+            heard_at=heard_at,
+        )
 
     # -- a new identity from the server (a discovered machine bound to a node) --
 
@@ -364,15 +404,10 @@ class Agent:
         if self.runner is not None:
             self.runner.hostname = node  # for the next container it starts
 
-    def _adopt(self, identity: object) -> None:
+    def _adopt(self, identity: Identity) -> None:
         """Become the node the server names: new name, token, hostname and address, then a
         hello as that node. The report URL stays; seq and timeline go on."""
-        if not isinstance(identity, dict):
-            return
-        node, token = identity.get("node"), identity.get("token")
-        if not isinstance(node, str) or not node or not isinstance(token, str):
-            self.log(f"ignoring a malformed identity from the server: {identity!r:.80}")
-            return
+        node, token = identity.node, identity.token
         if (node, token) == (self.cfg.node, self.cfg.token):
             return
         self.log(f"now {node} (was {self.cfg.node})")
@@ -386,14 +421,6 @@ class Agent:
             except (OSError, ValueError) as e:
                 self.log(f"cannot set the hostname to {node}: {e}")
             self.nic.redo_dhcp(node, self.sleep)
-
-    def _apply_heartbeat(self, value: object) -> None:
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            return
-        value = min(max(float(value), MIN_HEARTBEAT), MAX_HEARTBEAT)
-        if value != self.heartbeat:
-            self.log(f"heartbeat is now {value:g} s (from server)")
-            self.heartbeat = value
 
     def _next_delay(self, out: Outcome) -> float:
         """Seconds until the next report; logs transitions, not every failed attempt."""
@@ -461,7 +488,7 @@ class Agent:
                     break  # report the change now
 
 
-def load_config(log: Log, sleep: Callable[[float], object], stopped: Callable[[], bool]) -> Config:
+def load_config(log: Log, sleep: Callable[[float], object], stopped: Callable[[], bool]) -> Cmdline:
     """Read the command line until it names a server and a node; complain slowly."""
     while True:
         try:

@@ -1,8 +1,8 @@
 """Listen for the switch's LLDP advertisement: which chassis and port this node is plugged into.
 
 Standard library only (it runs in the minOS). Switches advertise every 30 s by default, so
-the agent waits a little longer than that (``DEFAULT_WAIT``) before it reports without a
-neighbour. Needs AF_PACKET (CONFIG_PACKET=y in Debian's kernels) and root.
+the agent waits a little longer than that (``layerpy.proto.agent.LLDP_WAIT``) before it
+reports without a neighbour. Needs AF_PACKET (CONFIG_PACKET=y in Debian's kernels) and root.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import time
 
 from layerpy.proto.lldp import ETH_P_LLDP, LLDP_MULTICAST, LldpError, Neighbor, parse_frame
 
-DEFAULT_WAIT = 35.0  # seconds: one 30 s switch interval and some slack
 SOL_PACKET = 263  # <linux/socket.h>; the socket module does not export these
 PACKET_ADD_MEMBERSHIP = 1
 PACKET_MR_MULTICAST = 0

@@ -1,0 +1,424 @@
+"""The agent <-> server contract, in one place: imported by the minOS agent and the server.
+
+Observations flow up in a :class:`Report`, intent flows down in an :class:`Answer` (the
+heartbeat, the :class:`ImageSpec` to run, and for a machine booted to be discovered the
+:class:`Identity` it carries on as). The kernel command line (:class:`Cmdline`) hands the
+agent its server, name and token. Every record validates what it receives and names the
+field at fault; every JSON field name of the contract is spelled here and nowhere else
+(a record's field names *are* its JSON keys). Standard library only: it runs in the minOS.
+
+The contract carries ``PROTOCOL`` (major.minor). A peer that meets another major version
+says so in one line and ignores the message; a minor version only adds optional fields.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields
+from enum import StrEnum
+from typing import Any
+
+PROTOCOL = "1.0"
+REPORT_PATH = "/api/v1/agent/report"
+HEARTBEAT = 5.0  # seconds between reports unless the node file says otherwise
+LLDP_WAIT = 35.0  # seconds the agent listens for the switch per round: one 30 s interval + slack
+MAX_TEXT = 500  # characters kept of free text (errors, names) from the other side
+MAX_TIMELINE = 16  # entries in an agent's timeline
+
+_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+_TOKEN = re.compile(r"[A-Za-z0-9_=-]{1,128}")
+_MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+_IPV4 = re.compile(r"((25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(25[0-5]|2[0-4]\d|1?\d?\d)")
+
+
+class ContractError(ValueError):
+    """A message that breaks the contract; the text names the field at fault."""
+
+
+class ProtocolMismatch(ContractError):
+    """The peer speaks another major version of the contract; ``node`` is who claims to."""
+
+    def __init__(self, message: str, node: str | None = None) -> None:
+        super().__init__(message)
+        self.node = node
+
+
+class ImageState(StrEnum):
+    """A node's system image. The agent reports none..error; ``unknown`` (nothing heard
+    since the last power change) and ``stale`` (active, but not the digest the node file
+    wants) are the server's readings of those reports."""
+
+    UNKNOWN = "unknown"
+    NONE = "none"
+    PULLING = "pulling"
+    ACTIVE = "active"
+    UPDATING = "updating"
+    ERROR = "error"
+    STALE = "stale"
+
+
+class Event(StrEnum):
+    """Why a report was sent: the first of a boot, a changed observation, or the beat."""
+
+    HELLO = "hello"
+    CHANGE = "change"
+    HEARTBEAT = "heartbeat"
+
+
+# -- field checks: each takes the value and where it is, returns it clean or raises ---------
+
+Check = Callable[[Any, str], Any]
+
+
+def _kind(value: Any, kind: type | tuple[type, ...], what: str, where: str) -> Any:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise ContractError(f"{where} must be {what}, not {type(value).__name__}")
+    return value
+
+
+def _pattern(regex: re.Pattern[str], what: str) -> Check:
+    def check(value: Any, where: str) -> str:
+        if not regex.fullmatch(_kind(value, str, "a string", where)):
+            raise ContractError(f"{where} is not {what}: {value[:40]!r}")
+        return value
+
+    return check
+
+
+def _text(value: Any, where: str) -> str:
+    """Free text: printable, one line, bounded (it reaches logs and terminals)."""
+    text = _kind(value, str, "a string", where)[:MAX_TEXT]
+    return "".join(ch if ch.isprintable() else "?" for ch in text)
+
+
+def _number(low: float, high: float) -> Check:
+    def check(value: Any, where: str) -> float:
+        number = _kind(value, (int, float), "a number", where)
+        if not low <= number <= high:
+            raise ContractError(f"{where} must lie in {low:g}..{high:g}, not {number}")
+        return float(number)
+
+    return check
+
+
+def _integer(value: Any, where: str) -> int:
+    number = _kind(value, int, "an integer", where)
+    if not 0 <= number < 2**63:
+        raise ContractError(f"{where} must be a non-negative integer, not {number}")
+    return number
+
+
+def _boolean(value: Any, where: str) -> bool:
+    return _kind(value, bool, "true or false", where)
+
+
+def _optional(check: Check) -> Check:
+    return lambda value, where: None if value is None else check(value, where)
+
+
+def _choice(enum: type[StrEnum]) -> Check:
+    def check(value: Any, where: str) -> StrEnum:
+        try:
+            return enum(_kind(value, str, "a string", where))
+        except ValueError:
+            known = ", ".join(enum)
+            raise ContractError(f"{where} must be one of {known}, not {value[:40]!r}") from None
+
+    return check
+
+
+def _record(cls: type) -> Check:
+    return lambda value, where: decode(cls, value, where)
+
+
+def _timeline(value: Any, where: str) -> dict[str, float | None]:
+    entries = _kind(value, dict, "an object", where)
+    if len(entries) > MAX_TIMELINE:
+        raise ContractError(f"{where} has more than {MAX_TIMELINE} entries")
+    check = _optional(_number(0, 1e9))
+    return {_text(k, where)[:40]: check(v, f"{where}.{k[:40]}") for k, v in entries.items()}
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    return _kind(value, dict, "an object", where)
+
+
+def _words(value: Any, where: str) -> tuple[str, ...] | None:
+    items = _kind(value, (list, tuple), "a list", where)
+    if not items or not all(isinstance(item, str) for item in items):
+        raise ContractError(f"{where} must be a non-empty list of strings")
+    return tuple(items)
+
+
+def _ip(value: Any, where: str) -> str:
+    """An IPv4 address, or "" for a node that has none yet."""
+    return value if value == "" else _pattern(_IPV4, "an IPv4 address")(value, where)
+
+
+def _mac(value: Any, where: str) -> str:
+    return _pattern(_MAC, "a MAC address like 52:54:00:12:34:56")(
+        _kind(value, str, "a string", where).lower(), where
+    )
+
+
+_node_name = _pattern(_NAME, "a node name")
+_token = _pattern(_TOKEN, "a token")
+
+
+def _field(check: Check, default: Any = MISSING) -> Any:
+    """A contract field: how it is checked, and its default when it may be left out."""
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: type(default)(), metadata={"check": check})
+    return field(default=default, metadata={"check": check})
+
+
+def decode(cls: type, obj: Any, where: str) -> Any:
+    """A record from JSON: every field checked, unknown keys ignored (a newer minor)."""
+    obj = _kind(obj, dict, "an object", where)
+    values = {}
+    for f in fields(cls):
+        if f.name in obj:
+            values[f.name] = f.metadata["check"](obj[f.name], f"{where}.{f.name}")
+        elif f.default is MISSING and f.default_factory is MISSING:
+            raise ContractError(f"{where}.{f.name} is missing")
+    return cls(**values)
+
+
+def encode(value: Any) -> Any:
+    """JSON for a record (or anything holding records)."""
+    if hasattr(value, "__dataclass_fields__"):
+        return {f.name: encode(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, tuple | list):
+        return [encode(item) for item in value]
+    if isinstance(value, dict):
+        return {key: encode(item) for key, item in value.items()}
+    return str(value) if isinstance(value, StrEnum) else value
+
+
+def _check_protocol(obj: Any, what: str) -> None:
+    if not isinstance(obj, dict):
+        raise ContractError(f"{what} must be a JSON object")
+    theirs = obj.get("protocol")
+    if not isinstance(theirs, str) or theirs.split(".")[0] != PROTOCOL.split(".")[0]:
+        node = obj.get("node") if isinstance(obj.get("node"), str) else None
+        raise ProtocolMismatch(
+            f"{what} speaks layerpy agent protocol {str(theirs)[:20]}, this side {PROTOCOL}: "
+            "run the same layerpy release on the server and in the minOS",
+            node,
+        )
+
+
+# -- the records ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Lldp:
+    """The switch port the node heard advertised: where it is plugged in."""
+
+    chassis_id: str = _field(_text)
+    port_id: str = _field(_text)
+    chassis_subtype: int | None = _field(_optional(_integer), None)
+    port_subtype: int | None = _field(_optional(_integer), None)
+    system_name: str | None = _field(_optional(_text), None)
+    port_description: str | None = _field(_optional(_text), None)
+    ttl: int | None = _field(_optional(_integer), None)
+    heard_at: float | None = _field(_optional(_number(0, 1e9)), None)  # agent uptime
+
+
+@dataclass(frozen=True)
+class ImageStatus:
+    """The agent's image, as it reports it."""
+
+    state: ImageState = _field(_choice(ImageState), ImageState.NONE)
+    name: str | None = _field(_optional(_text), None)
+    digest: str | None = _field(_optional(_text), None)
+    error: str | None = _field(_optional(_text), None)
+    container_pid: int | None = _field(_optional(_integer), None)
+    since: float | None = _field(_optional(_number(0, 1e9)), None)  # agent uptime
+
+
+@dataclass(frozen=True)
+class Report:
+    """What an agent tells the server, at hello, on a change and every heartbeat."""
+
+    node: str = _field(_node_name)
+    token: str = _field(_token)
+    mac: str = _field(_mac)
+    ip: str = _field(_ip)
+    boot_id: str = _field(_pattern(re.compile(r"[0-9a-f-]{1,64}"), "a boot id"))
+    seq: int = _field(_integer)
+    event: Event = _field(_choice(Event))
+    hostname: str | None = _field(_optional(_text), None)
+    busy: bool = _field(_boolean, False)
+    uptime: float | None = _field(_optional(_number(0, 1e9)), None)
+    timeline: dict[str, float | None] = _field(_timeline, {})
+    lldp: Lldp | None = _field(_optional(_record(Lldp)), None)
+    lldp_ignored: int = _field(_integer, 0)
+    agent_version: str | None = _field(_optional(_text), None)
+    image: ImageStatus = _field(_record(ImageStatus), ImageStatus())
+    protocol: str = _field(_text, PROTOCOL)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Report:
+        """Raises ProtocolMismatch for another major version, ContractError otherwise."""
+        _check_protocol(obj, "the report")
+        return decode(cls, obj, "report")
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """The system image an agent is told to run: where to fetch it, how to check and run it."""
+
+    name: str = _field(_text)
+    digest: str = _field(_pattern(_DIGEST, "a sha256: digest"))
+    url: str = _field(_pattern(re.compile(r"https?://[\x21-\x7e]{1,400}"), "an http URL"))
+    format: str = _field(_pattern(re.compile(r"squashfs|tar"), "squashfs or tar"))
+    sha256: str = _field(_pattern(_SHA256, "64 hex digits"))
+    size: int | None = _field(_optional(_integer), None)
+    config: dict[str, Any] = _field(_object, {})  # the OCI image config (Env, Cmd, ...)
+    systemd: bool = _field(_boolean, False)
+    command: tuple[str, ...] | None = _field(_optional(_words), None)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The node a discovered machine carries on as, with that node's boot token."""
+
+    node: str = _field(_node_name)
+    token: str = _field(_token)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The server's reply to a report: the desired state for the agent."""
+
+    node: str = _field(_node_name)
+    heartbeat: float = _field(_number(0.1, 3600), HEARTBEAT)
+    image: ImageSpec | None = _field(_optional(_record(ImageSpec)), None)
+    identity: Identity | None = _field(_optional(_record(Identity)), None)
+    protocol: str = _field(_text, PROTOCOL)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Answer:
+        _check_protocol(obj, "the server's answer")
+        return decode(cls, obj, "answer")
+
+
+# -- the kernel command line --------------------------------------------------------------
+
+
+def split_cmdline(text: str) -> list[str]:
+    """Split like the kernel does: whitespace separates, double quotes group (shlex would
+    do, but costs an import the initramfs has to carry)."""
+    words: list[str] = []
+    cur: list[str] = []
+    quoted = have = False
+    for ch in text:
+        if ch == '"':
+            quoted, have = not quoted, True
+        elif ch.isspace() and not quoted:
+            if have:
+                words.append("".join(cur))
+            cur, have = [], False
+        else:
+            cur.append(ch)
+            have = True
+    if have:
+        words.append("".join(cur))
+    return words
+
+
+def normalize_mac(value: str) -> str:
+    """``aa:bb:cc:dd:ee:ff`` for a MAC in iPXE's BOOTIF (``01-`` is the ARP hardware type,
+    Ethernet) or any common spelling; "" for anything else."""
+    raw = value.strip().lower().replace("-", ":")
+    parts = raw.split(":")
+    if len(parts) == 7 and parts[0] == "01":
+        parts = parts[1:]
+    if len(parts) == 1 and len(raw) == 12:
+        parts = [raw[i : i + 2] for i in range(0, 12, 2)]
+    if len(parts) != 6 or not all(re.fullmatch(r"[0-9a-f]{1,2}", p) for p in parts):
+        return ""
+    return ":".join(f"{int(p, 16):02x}" for p in parts)
+
+
+@dataclass
+class Cmdline:
+    """The minOS's settings, all from the kernel command line (like Kraken's ``kraken.*``):
+    the agent needs no config file and no fetched state to start. Parsing never fails:
+    ``problems`` says what is missing or ignored."""
+
+    server: str = ""
+    node: str = ""
+    token: str = ""
+    bootif: str = ""  # the MAC the firmware booted from
+    heartbeat: float = HEARTBEAT
+    lldp_wait: float = LLDP_WAIT  # 0 turns LLDP off
+    params: dict[str, str] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def format(self) -> str:
+        """The words for the kernel command line (values are checked names, URLs, tokens)."""
+        words = [
+            f"layerpy.server={self.server}",
+            f"layerpy.node={self.node}",
+            f"layerpy.token={self.token}",
+            f"layerpy.heartbeat={self.heartbeat:g}",
+        ]
+        if self.lldp_wait != LLDP_WAIT:
+            words.append(f"layerpy.lldp_wait={self.lldp_wait:g}")
+        if self.bootif:
+            words.append("BOOTIF=01-" + self.bootif.replace(":", "-"))
+        return " ".join(words)
+
+    @classmethod
+    def parse(cls, text: str) -> Cmdline:
+        """The last occurrence of a key wins, as in the kernel."""
+        params: dict[str, str] = {}
+        for word in split_cmdline(text):
+            key, sep, value = word.partition("=")
+            if sep:
+                params[key] = value
+            else:
+                params.setdefault(key, "")
+        get = params.get
+        line = cls(
+            server=get("layerpy.server", "").rstrip("/"),
+            node=get("layerpy.node", ""),
+            token=get("layerpy.token", ""),
+            bootif=normalize_mac(get("BOOTIF", "")),
+            params=params,
+        )
+        if not line.server:
+            line.problems.append("layerpy.server= is missing")
+        elif not line.server.startswith(("http://", "https://")):
+            line.problems.append(f"layerpy.server={line.server} is not an http:// URL")
+        if not line.node:
+            line.problems.append("layerpy.node= is missing")
+        if "BOOTIF" in params and not line.bootif:
+            line.problems.append(f"BOOTIF={params['BOOTIF']} is not a MAC address")
+        for key, low in (("heartbeat", 0.1), ("lldp_wait", 0.0)):
+            raw = get(f"layerpy.{key}")
+            if raw is None:
+                continue
+            try:
+                value = float(raw)
+            except ValueError:
+                value = -1.0
+            if low <= value <= 3600:
+                setattr(line, key, value)
+            else:
+                line.problems.append(f"layerpy.{key}={raw} is not a number of seconds")
+        return line
+
+    @property
+    def ok(self) -> bool:
+        """Server and node are present and sane; a bad BOOTIF or heartbeat is not fatal."""
+        return bool(self.node) and self.server.startswith(("http://", "https://"))
+
+    @property
+    def report_url(self) -> str:
+        return self.server + REPORT_PATH
