@@ -69,6 +69,7 @@ def dpkt_op() -> bytes:
             (66, str(o.next_server).encode()),
             (67, o.bootfile.encode()),
             (60, b"PXEClient"),
+            (43, b"\x06\x01\x08\xff"),  # PXE discovery control: boot the offered file
             (175, b"\xb0\x01\x01"),
             (61, dict(request.opts)[61]),  # RFC 6842 echo
         ),
@@ -81,10 +82,30 @@ def per_op_us(fn, n: int) -> float:
     return min(timeit.repeat(fn, number=n, repeat=5)) / n * 1e6
 
 
+FIELDS = [name for name, *_ in dpkt.dhcp.DHCP.__hdr__]  # op, hrd, ..., file, magic
+
+
+def differences() -> list[str]:
+    """Where the two replies differ (header fields, then options); empty when the same."""
+    ours, theirs = dpkt.dhcp.DHCP(layerpy_op()), dpkt.dhcp.DHCP(dpkt_op())
+    found = [
+        f"{name}: layerpy {getattr(ours, name)!r}, dpkt {getattr(theirs, name)!r}"
+        for name in FIELDS
+        if getattr(ours, name) != getattr(theirs, name)
+    ]
+    ours_opts, theirs_opts = dict(ours.opts), dict(theirs.opts)
+    for code in sorted(ours_opts.keys() | theirs_opts.keys()):
+        if ours_opts.get(code) != theirs_opts.get(code):
+            found.append(
+                f"option {code}: layerpy {ours_opts.get(code)!r}, dpkt {theirs_opts.get(code)!r}"
+            )
+    return found
+
+
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
-    same = dict(dpkt.dhcp.DHCP(layerpy_op()).opts) == dict(dpkt.dhcp.DHCP(dpkt_op()).opts)
-    assert same, "both sides must build the same reply for the comparison to mean anything"
+    diff = differences()
+    assert not diff, "both sides must build the same reply: " + "; ".join(diff)
     ours, theirs = per_op_us(layerpy_op, n), per_op_us(dpkt_op, n)
     decode_only = per_op_us(lambda: decode(DISCOVER), n)
     print(f"{'layerpy decode':<28}{decode_only:8.2f} us/op")
