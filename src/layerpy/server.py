@@ -105,7 +105,14 @@ class Server:
             )
 
     def _tftp_event(self, event: TftpEvent) -> None:
-        self.stats.count("tftp", event.kind, ok=event.kind in ("start", "done"))
+        """Each request is counted once, when it ends: "read" (a transfer, with its service
+        time and acknowledged bytes; failed ones are failures), "denied" (refused before
+        any data: no such file, a write, a bad mode); "malformed" counts dropped datagrams."""
+        if event.kind in ("done", "failed"):
+            ok = event.kind == "done"
+            self.stats.observe("tftp", "read", event.seconds, ok=ok, size=event.bytes)
+        elif event.kind in ("denied", "malformed"):
+            self.stats.count("tftp", event.kind, ok=False)
         node = self.inventory.by_ip(event.client)
         if node is not None and event.kind == "done":
             self.inventory.mark(node, "tftp")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 SAMPLES = 2048
@@ -16,15 +17,18 @@ SAMPLES = 2048
 class Series:
     requests: int = 0
     failures: int = 0
+    bytes: int = 0  # payload served, where the subsystem counts it (TFTP)
     samples: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLES))
 
     def summary(self) -> dict[str, float | int]:
+        counts = {"requests": self.requests, "failures": self.failures}
+        if self.bytes:
+            counts["bytes"] = self.bytes
         times = sorted(self.samples)
         if not times:
-            return {"requests": self.requests, "failures": self.failures}
+            return counts
         return {
-            "requests": self.requests,
-            "failures": self.failures,
+            **counts,
             "mean_ms": round(statistics.fmean(times) * 1000, 3),
             "median_ms": round(times[len(times) // 2] * 1000, 3),
             "p99_ms": round(times[min(len(times) - 1, int(len(times) * 0.99))] * 1000, 3),
@@ -37,9 +41,12 @@ class Stats:
     def __init__(self) -> None:
         self.series: dict[tuple[str, str], Series] = defaultdict(Series)
 
-    def observe(self, subsystem: str, kind: str, seconds: float, ok: bool = True) -> None:
+    def observe(
+        self, subsystem: str, kind: str, seconds: float, ok: bool = True, size: int = 0
+    ) -> None:
         series = self.series[subsystem, kind]
         series.requests += 1
+        series.bytes += size
         series.samples.append(seconds)
         if not ok:
             series.failures += 1
@@ -57,9 +64,24 @@ class Stats:
         return dict(result)
 
     def prometheus(self) -> str:
+        """Text exposition format 0.0.4: each metric one group, with its HELP and TYPE."""
+        series = sorted(self.series.items())
         lines = []
-        for (subsystem, kind), series in sorted(self.series.items()):
-            labels = f'subsystem="{subsystem}",kind="{kind}"'
-            lines.append(f"layerpy_requests_total{{{labels}}} {series.requests}")
-            lines.append(f"layerpy_failures_total{{{labels}}} {series.failures}")
+        for metric, what, value in _METRICS:
+            lines += [f"# HELP {metric} {what}", f"# TYPE {metric} counter"]
+            for (subsystem, kind), one in series:
+                if metric != "layerpy_bytes_total" or one.bytes:
+                    labels = f'subsystem="{_label(subsystem)}",kind="{_label(kind)}"'
+                    lines.append(f"{metric}{{{labels}}} {value(one)}")
         return "\n".join(lines) + "\n"
+
+
+_METRICS: list[tuple[str, str, Callable[[Series], int]]] = [
+    ("layerpy_requests_total", "Requests handled, per subsystem and kind.", lambda s: s.requests),
+    ("layerpy_failures_total", "Requests that failed or were refused.", lambda s: s.failures),
+    ("layerpy_bytes_total", "Payload bytes served (TFTP: acknowledged).", lambda s: s.bytes),
+]
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", r"\\").replace('"', r"\"").replace("\n", r"\n")

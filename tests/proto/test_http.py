@@ -155,3 +155,33 @@ def test_explain_takes_a_node_or_a_hostlist(host: Netns) -> None:
     code, body = explain("x[0-999][0-999][0-999]")  # sized before it is expanded
     assert code == 400 and "too large: 1000000000 names, the limit is 100000" in body
     assert explain("cn002")[0] == 200
+
+
+def test_tftp_counts_reach_the_metrics(host: Netns) -> None:
+    """A transfer (curl), a refused request (tftp-hpa) and junk datagrams, as /metrics and
+    /api/v1/stats show them once the server has seen each request end."""
+    fetch = ["curl", "-sS", "--interface", "10.66.0.11", "-o", "/dev/null"]
+    host.run(*fetch, "tftp://10.66.0.1/undionly.kpxe")  # 3000 bytes
+    out = host.run("tftp", "10.66.0.1", "-m", "binary", "-c", "get", "nope", "/dev/null")
+    assert "Error code 1" in out.stdout + out.stderr
+    junk = "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+    junk += "for b in (b'', b'\\x00\\x04\\x00\\x01'): s.sendto(b, ('10.66.0.1', 69))"
+    host.run(sys.executable, "-c", junk)
+    expected = {
+        'layerpy_requests_total{subsystem="tftp",kind="read"} 1',
+        'layerpy_failures_total{subsystem="tftp",kind="read"} 0',
+        'layerpy_bytes_total{subsystem="tftp",kind="read"} 3000',
+        'layerpy_requests_total{subsystem="tftp",kind="denied"} 1',
+        'layerpy_failures_total{subsystem="tftp",kind="denied"} 1',
+        # the two junk datagrams, and the ACK tftp-hpa sends after an error (to port 69)
+        'layerpy_requests_total{subsystem="tftp",kind="malformed"} 3',
+        "# TYPE layerpy_bytes_total counter",
+    }
+    deadline = time.monotonic() + 10
+    while not expected <= set(metrics := curl(host, f"{BASE}/metrics")[1].splitlines()):
+        assert time.monotonic() < deadline, "\n".join(metrics)
+        time.sleep(0.1)
+    read = json.loads(curl(host, f"{BASE}/api/v1/stats")[1])["tftp"]["read"]
+    assert read["bytes"] == 3000 and read["mean_ms"] >= 0
+    node = json.loads(curl(host, f"{BASE}/api/v1/nodes/cn001")[1])
+    assert "tftp" in node["timeline"]

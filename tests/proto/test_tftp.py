@@ -478,6 +478,9 @@ def test_bad_datagrams_and_duplicate_requests(lab):
     stats = events.pop()
     assert stats["kind"] == "stats"
     assert (stats["malformed"], stats["requests"], stats["transfers_ok"]) == (len(junk), 3, 2)
+    dropped = [e for e in events if e["kind"] == "malformed"]  # each one reported as well
+    assert len(dropped) == len(junk) and all(e["reason"] for e in dropped)
+    events = [e for e in events if e["kind"] != "malformed"]
     assert [e["kind"] for e in events] == ["ready", "start", "done", "start", "done"]
     assert events[-1]["bytes"] == SIZES["k1428"]
 

@@ -32,7 +32,7 @@ class TftpStats:
 
 @dataclass(frozen=True)
 class TftpEvent:
-    kind: str  # "start" | "done" | "failed" | "denied"
+    kind: str  # "start", then "done" | "failed"; or "denied"; or "malformed" (one datagram)
     client: str
     port: int
     filename: str
@@ -91,8 +91,7 @@ class _Session(asyncio.DatagramProtocol):
         try:
             packets = self.transfer.receive(data)
         except proto.Malformed as exc:
-            self.server.stats.malformed += 1
-            log.debug("%s:%d dropped: %s", *self.client[:2], exc)
+            self.server._emit("malformed", self.client, self.name, self.t0, reason=str(exc))
             return
         self._send(packets)
 
@@ -152,8 +151,7 @@ class TftpServer(asyncio.DatagramProtocol):
         try:
             request = proto.parse_request(data)
         except proto.Malformed as exc:
-            self.stats.malformed += 1
-            log.debug("%s:%d dropped: %s", *addr[:2], exc)
+            self._emit("malformed", addr, "", time.monotonic(), reason=str(exc))
             return
         self.stats.requests += 1
         if addr in self._clients:  # a retransmitted RRQ: answering twice would be a TID clash
@@ -184,15 +182,16 @@ class TftpServer(asyncio.DatagramProtocol):
             self._emit("failed", client, request.filename, t0, reason=str(exc))
 
     def _emit(self, kind: str, client: tuple, name: str, t0: float, size=0, reason="") -> None:
-        """Count, log and report the start or the end of one request."""
-        if kind != "start":
+        """Count, log and report the start or the end of one request, or a dropped datagram."""
+        if kind in ("done", "failed", "denied"):
             del self._clients[client]
         self.stats.transfers_ok += kind == "done"
         self.stats.transfers_failed += kind == "failed"
         self.stats.denied += kind == "denied"
+        self.stats.malformed += kind == "malformed"
         self.stats.bytes_sent += size
         event = TftpEvent(kind, client[0], client[1], name, size, time.monotonic() - t0, reason)
-        level = logging.DEBUG if kind == "start" else logging.INFO
+        level = logging.DEBUG if kind in ("start", "malformed") else logging.INFO
         line = f"{kind} {client[0]}:{client[1]} {name} {size} bytes {event.seconds:.3f} s {reason}"
         log.log(level, "%s", line.rstrip())
         if self.on_event:
