@@ -27,7 +27,8 @@ from typing import Any, BinaryIO
 
 import pytest
 
-from layerpy.agent.container import PullError, Runner, extract_tar
+from layerpy.agent.container import Runner
+from layerpy.agent.image import PullError, extract_tar
 
 BUSYBOX = "/bin/busybox"
 NODE = "node-t1"
@@ -530,7 +531,7 @@ def test_stop_readiness_sees_blocked_and_handled_signals(
 ) -> None:
     """systemd blocks SIGRTMIN+3 and reads it from a signalfd; a plain init traps it. The
     runner must see both, or it waits its whole stop timeout and kills systemd."""
-    from layerpy.agent.container import _catches
+    from layerpy.agent.process import _catches
 
     rtmin3 = int(signal.SIGRTMIN) + 3
     setup = (
