@@ -40,9 +40,6 @@ def exercise() -> None:
     import urllib.error
     import urllib.request
 
-    import layerpy
-    import layerpy.agent
-    import layerpy.agent.lldp
     from layerpy.agent import core, net
     from layerpy.proto import agent as contract
     from layerpy.proto import lldp as codec
@@ -52,7 +49,8 @@ def exercise() -> None:
         codecs.lookup(name)
     "n\u00f6de.example".encode("idna")  # what getaddrinfo does with a str host name
     cfg = contract.Cmdline.parse(
-        'layerpy.server=http://localhost:1 layerpy.node=n1 BOOTIF=01-52-54-00-12-34-56 x="a b"'
+        "layerpy.server=http://localhost:1 layerpy.node=n1 layerpy.token=t0"
+        ' BOOTIF=01-52-54-00-12-34-56 x="a b"'
     )
     assert cfg.ok and cfg.bootif == "52:54:00:12:34:56", cfg
     out = core.post_json("http://localhost:1/api/v1/agent/report", {"a": 1}, 0.5)
