@@ -1,18 +1,28 @@
 """Boot policy: *what* each machine gets, kept apart from *how* the protocols carry it.
 
-The DHCP service asks :meth:`BootPolicy.offer` and the HTTP service asks
-:meth:`BootPolicy.script`; neither knows about node files, firmware types or tokens.
+DHCP asks :meth:`BootPolicy.verdict` what a request deserves (a pure reading of the node
+file, the inventory and the discovery pool), lets the protocol core in
+:mod:`layerpy.proto.dhcp_server` decide the reply, and then calls :meth:`BootPolicy.apply`
+with the core's effects: observations and lease changes are written there and only there.
+HTTP asks :meth:`BootPolicy.script`. Neither service knows node files, firmware or tokens.
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
 from ipaddress import IPv4Address
 
 from layerpy.config import Config
 from layerpy.inventory import DISCOVERY, Inventory
-from layerpy.model import Node
-from layerpy.proto.dhcp import DISCOVER, DhcpPacket, Offer
+from layerpy.model import Node, RunState
+from layerpy.proto.dhcp import DISCOVER, OPT_VENDOR_CLASS, DhcpPacket, Offer
+from layerpy.proto.dhcp_server import Action, Effect, Grant
+from layerpy.proto.leases import BOUND, Lease, LeaseTable
+
+log = logging.getLogger("layerpy.dhcp")
 
 # RFC 4578 / IANA processor architecture types (DHCP option 93).
 ARCH_BIOS = 0
@@ -34,10 +44,25 @@ def firmware_of(request: DhcpPacket) -> str:
     return f"arch-{arch}"
 
 
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What one DHCP request shows and deserves, before anything is written."""
+
+    mac: str
+    firmware: str
+    vendor_class: str | None
+    node: Node | None  # the node this machine is, by the port a relay names, else by MAC
+    location: tuple[str, str] | None  # (switch, port) from option 82, to bind in apply()
+    boot_request: bool  # a DISCOVER from boot firmware: a boot of a known node starts
+    grant: Grant | None
+    why: str  # whose grant this is, or why there is none (for logs)
+
+
 class BootPolicy:
     def __init__(self, inventory: Inventory) -> None:
         self.inventory = inventory
-        self.pool: dict[str, IPv4Address] = {}  # discovery leases: MAC -> address
+        self._leases: LeaseTable | None = None
+        self._leases = self._pool_table()
 
     @property
     def config(self) -> Config:
@@ -48,22 +73,92 @@ class BootPolicy:
     def base_url(self) -> str:
         return self.config.server.url
 
-    def offer(self, request: DhcpPacket) -> Offer | None:
-        """The lease and boot instructions for a DHCP request, or None to stay silent."""
-        firmware = firmware_of(request)
-        node = self._located(request) or self.inventory.by_mac(request.mac)
-        if node is None:
-            vendor = request.options.get(60, b"").decode("ascii", "replace") or None
-            self.inventory.saw_unknown(request.mac, firmware, vendor)
-            return self._discovery(request.mac, firmware)
-        node.mac = request.mac
-        if firmware != "os" and request.message_type == DISCOVER:
-            self.inventory.saw_boot_request(node, firmware)
-        return self._offer_for(node, firmware)
+    @property
+    def leases(self) -> LeaseTable | None:
+        """The discovery pool's leases as of the last tick(); None without network.discover."""
+        return self._leases
 
-    def _located(self, request: DhcpPacket) -> Node | None:
-        """The node at the switch port a relay agent names (option 82): the switch by its
-        remote id, else by the relay's address; the port is the circuit id."""
+    def tick(self) -> list[Lease]:
+        """Upkeep, an explicit step before deciding: follow a reloaded pool, and free the
+        leases whose time has passed (returned, for the log)."""
+        self._leases = self._pool_table()
+        return self._leases.expire() if self._leases is not None else []
+
+    def _pool_table(self) -> LeaseTable | None:
+        network = self.config.network
+        if network.pool is None or not network.discover:
+            return None
+        old = self._leases
+        if old is not None and old.range == network.pool:
+            return old
+        records = old.records() if old is not None else []
+        return LeaseTable.from_records(*network.pool, records, clock=self.inventory.clock)
+
+    def verdict(self, request: DhcpPacket) -> Verdict:
+        """What this request deserves; nothing is written here (see apply())."""
+        mac, firmware = request.mac, firmware_of(request)
+        vendor = request.options.get(OPT_VENDOR_CLASS, b"").decode("ascii", "replace") or None
+        location = self._relay_location(request)
+        located = self._node_at(mac, location) if location is not None else None
+        node = located or self.inventory.by_mac(mac)
+        if node is not None:
+            grant: Grant | None = Grant(self._offer_for(node, firmware))
+            why = node.name
+        else:
+            grant, why = self._discovery(request, firmware)
+        boot_request = node is not None and firmware != "os" and request.message_type == DISCOVER
+        return Verdict(mac, firmware, vendor, node, location, boot_request, grant, why)
+
+    def apply(self, verdict: Verdict, effects: Iterable[Effect]) -> None:
+        """Write what a request showed, then what the answer to it committed."""
+        inventory = self.inventory
+        if verdict.location is not None:
+            inventory.locate(verdict.mac, verdict.location, "dhcp-option-82")
+        if verdict.node is None:
+            inventory.saw_unknown(verdict.mac, verdict.firmware, verdict.vendor_class)
+        else:
+            inventory.saw_mac(verdict.node, verdict.mac)
+            if verdict.boot_request:
+                inventory.saw_boot_request(verdict.node, verdict.firmware)
+        for effect in effects:
+            self._apply(verdict, effect)
+
+    def _apply(self, verdict: Verdict, effect: Effect) -> None:
+        """One effect of a decision: a boot phase, or a change to the discovery pool."""
+        if effect.action is Action.ACKED:
+            if verdict.node is not None and verdict.firmware != "os":
+                self.inventory.mark(verdict.node, "dhcp_ack")
+            return
+        table = self._leases
+        if not effect.pooled or table is None:
+            return  # a fixed address is never held, freed or quarantined
+        client, address = effect.client, effect.address
+        if effect.action is Action.WITHDRAW:
+            table.withdraw(client)
+        elif effect.action is Action.RELEASE:
+            table.release(client, address)
+        elif effect.action is Action.DECLINE:
+            table.decline(client, address)
+        elif effect.action is Action.HOLD:
+            self._taken(effect, table.offer(client, address))
+        else:
+            before = table.lease_of(client)
+            lease = self._taken(effect, table.commit(client, address, effect.lease_time))
+            if lease is not None and (before is None or before.state != BOUND):
+                log.info("%s: discovery lease %s for %d s", client, address, effect.lease_time)
+
+    @staticmethod
+    def _taken(effect: Effect, lease: Lease | None) -> Lease | None:
+        """A hold or commit the table refused: a bug, since it was decided from this table."""
+        if lease is None:
+            log.error(
+                "%s: lease table refused to %s %s", effect.client, effect.action, effect.address
+            )
+        return lease
+
+    def _relay_location(self, request: DhcpPacket) -> tuple[str, str] | None:
+        """The switch port a relay agent names (option 82): the switch by its remote id,
+        else by the relay's address; the port is the circuit id."""
         relay = request.relay_agent
         if 1 not in relay:
             return None
@@ -75,15 +170,33 @@ class BootPolicy:
         )  # fmt: skip
         if switch is None:
             return None
-        port = relay[1].decode(errors="replace")
-        return self.inventory.locate(request.mac, (switch, port), "dhcp-option-82")
+        return switch, relay[1].decode(errors="replace")
 
-    def _discovery(self, mac: str, firmware: str) -> Offer | None:
+    def _node_at(self, mac: str, location: tuple[str, str]) -> Node | None:
+        """The node Inventory.locate() will say this MAC is at this port, without binding:
+        the node configured there, unless another machine alive there keeps it.
+
+        A read-only stand-in (a scan of the nodes) until the node store offers this lookup."""
+        node = next(
+            (n for n in self.inventory.nodes.values() if n.config.location == location), None
+        )
+        if node is None:
+            return None
+        current = self.inventory.mac_of(node)
+        alive = node.run_state in (RunState.INIT, RunState.READY) and node.mac == current
+        return None if current not in (None, mac) and alive else node
+
+    def _discovery(self, request: DhcpPacket, firmware: str) -> tuple[Grant | None, str]:
         """A machine no node claims (yet) boots the minOS from the pool, so its agent can
         tell where it is plugged in; without a pool it gets nothing."""
-        address = self._pool_address(mac)
+        table = self._leases
+        if table is None:
+            return None, "unknown machine, network.discover is off"
+        mac = request.mac
+        wanted = request.requested_ip or (None if request.ciaddr.is_unspecified else request.ciaddr)
+        address = table.candidate(mac, wanted)
         if address is None:
-            return None
+            return None, "unknown machine, the discovery pool is exhausted"
         server, network = self.config.server, self.config.network
         offer = Offer(
             address=address,
@@ -99,32 +212,18 @@ class BootPolicy:
         elif firmware in ("bios", "uefi"):
             offer.bootfile = self.config.ipxe.bios if firmware == "bios" else self.config.ipxe.uefi
             offer.next_server = server.address
-        return offer
+        return Grant(offer, pooled=True), "discovery pool"
 
-    def _pool_address(self, mac: str) -> IPv4Address | None:
-        pool = self.config.network.pool
-        if pool is None or not self.config.network.discover:
-            return None
-        if mac not in self.pool:
-            taken = set(self.pool.values())
-            free = (IPv4Address(n) for n in range(int(pool[0]), int(pool[1]) + 1))
-            address = next((a for a in free if a not in taken), None)
-            if address is None:
-                return None
-            self.pool[mac] = address
-        return self.pool[mac]
+    def discovery_address(self, mac: str) -> IPv4Address | None:
+        """The pool address a machine holds now: its discovery boot script is for it only."""
+        lease = self._leases.lease_of(mac) if self._leases is not None else None
+        return lease.address if lease is not None else None
 
     def discovery_script(self, mac: str) -> str:
         machine = self.inventory.unknown.get(mac)
         assert machine is not None
         machine.token = secrets.token_urlsafe(18)
         return self._script(DISCOVERY, machine.token, mac)
-
-    def acknowledged(self, request: DhcpPacket) -> None:
-        """The lease was confirmed; part of the boot timeline when firmware asked."""
-        node = self.inventory.by_mac(request.mac)
-        if node is not None and firmware_of(request) != "os":
-            self.inventory.mark(node, "dhcp_ack")
 
     def _offer_for(self, node: Node, firmware: str) -> Offer:
         server, network, ipxe = self.config.server, self.config.network, self.config.ipxe

@@ -207,6 +207,10 @@ class Inventory:
         machine.last_seen = now
         machine.requests += 1
 
+    def saw_mac(self, node: Node, mac: str) -> None:
+        """The MAC a node's DHCP requests come from."""
+        node.mac = mac
+
     def saw_boot_request(self, node: Node, firmware: str) -> None:
         """A DHCP DISCOVER from boot firmware (PXE or iPXE).
 

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.netns
 def served(link, make_config, tmp_path: Path):
     """`layerpy serve` in the server namespace, knowing the client namespace's MAC."""
 
-    def start(client_mac: str | None = None, lease_time: int = 3600):
+    def start(client_mac: str | None = None, lease_time: int = 3600, discover: bool = False):
         config = make_config(
             client_mac=client_mac or link.client_mac(),
             interface=link.server_if,
@@ -34,7 +34,8 @@ def served(link, make_config, tmp_path: Path):
         )
         text = config.path.read_text().replace(
             'pool = "10.77.0.200-10.77.0.250"',
-            f'pool = "10.77.0.200-10.77.0.250"\nlease_time = {lease_time}',
+            f'pool = "10.77.0.200-10.77.0.250"\nlease_time = {lease_time}'
+            + ("\ndiscover = true" if discover else ""),
         )
         config.path.write_text(text)
         log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
@@ -69,6 +70,22 @@ def recorder(tmp_path: Path) -> tuple[Path, Path]:
     script.write_text(RECORDER.replace("{log}", str(log)))
     script.chmod(0o755)
     return script, log
+
+
+def dhclient(link, tmp_path: Path, script: Path, lease_file: Path):
+    """ISC dhclient in the foreground, with its own lease database and pid file."""
+    command = ["dhclient", "-d", "-4", "-sf", str(script), "-lf", str(lease_file)]
+    return link.client.popen([*command, "-pf", str(tmp_path / "dhclient.pid"), link.client_if])
+
+
+def wait_for(log: Path, text: str, seconds: float = 20) -> str:
+    deadline = time.monotonic() + seconds
+    while text not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, (
+            f"no {text!r}: {log.read_text() if log.exists() else ''}"
+        )
+        time.sleep(0.2)
+    return log.read_text()
 
 
 def test_udhcpc_gets_its_fixed_address(link, served, tmp_path: Path) -> None:
@@ -106,29 +123,59 @@ def test_dhclient_lease_and_renew(link, served, tmp_path: Path) -> None:
     served(lease_time=4)
     script, log = recorder(tmp_path)
     lease_file = tmp_path / "dhclient.leases"
-    client = link.client.popen(
-        [
-            "dhclient",
-            "-d",
-            "-4",
-            "-sf",
-            str(script),
-            "-lf",
-            str(lease_file),
-            "-pf",
-            str(tmp_path / "dhclient.pid"),
-            link.client_if,
-        ]
-    )
-    deadline = time.monotonic() + 20
-    while "RENEW" not in (log.read_text() if log.exists() else ""):
-        assert time.monotonic() < deadline, f"no renewal: {log.read_text() if log.exists() else ''}"
-        time.sleep(0.2)
+    client = dhclient(link, tmp_path, script, lease_file)
+    wait_for(log, "RENEW")
     client.terminate()
     events = [line.split() for line in log.read_text().splitlines()]
     assert ["BOUND", "10.77.0.12", "255.255.255.0", "10.77.0.1", "cn002", "4"] in events
     assert ["RENEW", "10.77.0.12", "255.255.255.0", "10.77.0.1", "cn002", "4"] in events
     assert "fixed-address 10.77.0.12;" in lease_file.read_text()
+
+
+def test_init_reboot_with_a_stale_lease_is_nakked_then_bound(link, served, tmp_path: Path) -> None:
+    """dhclient remembers 10.77.0.99 (INIT-REBOOT asks for it): NAK, then a fresh DISCOVER."""
+    served()
+    script, log = recorder(tmp_path)
+    lease_file = tmp_path / "dhclient.leases"
+    lease_file.write_text(
+        f'lease {{\n  interface "{link.client_if}";\n  fixed-address 10.77.0.99;\n'
+        "  option subnet-mask 255.255.255.0;\n  option dhcp-server-identifier 10.77.0.1;\n"
+        "  renew 4 2037/01/01 00:00:00;\n  rebind 4 2037/01/01 00:00:00;\n"
+        "  expire 4 2037/01/01 00:00:00;\n}\n"
+    )
+    client = dhclient(link, tmp_path, script, lease_file)
+    events = wait_for(log, "BOUND")
+    client.terminate()
+    assert "BOUND 10.77.0.12 " in events
+    stats = api(link, "/api/v1/stats")["dhcp"]
+    assert stats["nak"]["requests"] == 1 and stats["ack"]["requests"] == 1
+    serve_log = (tmp_path / "serve.log").read_text()
+    assert "init-reboot: 10.77.0.99 is not its address, 10.77.0.12 is" in serve_log
+
+
+def test_a_stranger_leases_from_the_discovery_pool_and_releases(
+    link, served, tmp_path: Path
+) -> None:
+    served(client_mac="52:54:00:aa:bb:cc", discover=True)
+    mac = link.client_mac()
+    script, log = recorder(tmp_path)
+    client = link.client.popen(
+        ["udhcpc", "-i", link.client_if, "-f", "-t", "3", "-T", "1", "-s", str(script)]
+    )
+    assert "bound 10.77.0.200 255.255.255.0 10.77.0.1" in wait_for(log, "bound")
+
+    def discovery_script() -> str:  # only for the pool address it holds: 403 from here
+        url = f"http://127.0.0.1:8080/boot/discover/{mac}.ipxe"
+        return link.server.run("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", url).stdout
+
+    assert discovery_script() == "403"
+    client.send_signal(signal.SIGUSR2)  # udhcpc: release the lease
+    deadline = time.monotonic() + 10
+    while discovery_script() != "404":
+        assert time.monotonic() < deadline, "the released lease is still held"
+        time.sleep(0.2)
+    client.terminate()
+    assert api(link, "/api/v1/stats")["dhcp"]["release"]["requests"] == 1
 
 
 def test_unknown_mac_gets_nothing_and_is_listed(link, served, tmp_path: Path) -> None:

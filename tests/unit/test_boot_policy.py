@@ -1,29 +1,44 @@
-"""What each kind of DHCP client gets from the boot policy and the DHCP service's answer()."""
+"""What each kind of DHCP client gets from the boot policy, through the DHCP service's
+handle() (policy verdict, RFC core, apply), and that a verdict alone writes nothing."""
 
 from __future__ import annotations
 
+import copy
 from ipaddress import IPv4Address
 
 import pytest
 
-from layerpy.boot import BootPolicy, firmware_of
+from layerpy.boot import DISCOVERY_LEASE, BootPolicy, firmware_of
+from layerpy.config import load
 from layerpy.inventory import Inventory
 from layerpy.model import RunState
 from layerpy.proto import dhcp
+from layerpy.proto.leases import BOUND, DECLINED, OFFERED, QUARANTINE
 from layerpy.services.dhcp import DhcpService
 from layerpy.stats import Stats
 
 KNOWN = "52:54:00:99:00:11"
+STRANGER = "52:54:00:00:00:01"
 SERVER = IPv4Address("10.99.0.1")
+RELAY = IPv4Address("10.99.0.254")
+ZERO = IPv4Address(0)
+LOCATED = '\n[switches.sw1]\nrelay = "10.99.0.254"\n\n[nodes.cn003]\nip = "10.99.0.13"\nlocation = "sw1:swp3"\n'
 
 
-def request(message: int, mac: str = KNOWN, **options: bytes) -> dhcp.DhcpPacket:
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def request(message: int, mac: str = KNOWN, *, ciaddr=ZERO, giaddr=ZERO, **options: bytes):
     chaddr = bytes.fromhex(mac.replace(":", "")).ljust(16, b"\0")
-    zero = IPv4Address(0)
     opts = {dhcp.OPT_MESSAGE_TYPE: bytes((message,))}
     opts.update({int(code[1:]): value for code, value in options.items()})
     return dhcp.DhcpPacket(
-        1, 1, 6, 0, 0x42, 0, 0, zero, zero, zero, zero, chaddr, bytes(64), bytes(128), opts
+        1, 1, 6, 0, 0x42, 0, 0, ciaddr, ZERO, ZERO, giaddr, chaddr, bytes(64), bytes(128), opts
     )
 
 
@@ -34,13 +49,39 @@ IPXE = {
     "o77": b"iPXE",
     "o175": b"\xb1\x05\x01\x80\x86\x10\x0e",
 }
+ON_SWP3 = {"o82": b"\x01\x04swp3"}  # option 82, circuit id "swp3", as dhcrelay sends it
+
+
+def make_service(config, clock: Clock | None = None) -> DhcpService:
+    policy = BootPolicy(Inventory(config, clock=clock or Clock()))
+    return DhcpService(policy, SERVER, Stats(), log_requests=False)
+
+
+def answer(service: DhcpService, packet: dhcp.DhcpPacket) -> dhcp.DhcpPacket | None:
+    return service.handle(packet)[1].reply
+
+
+def with_discovery(make_config, more: str = ""):
+    """The test node file with network.discover on (unknown machines boot from the pool)."""
+    config = make_config(more=more)
+    text = config.path.read_text().replace('pool = "', 'discover = true\npool = "', 1)
+    config.path.write_text(text)
+    return load(config.path)
 
 
 @pytest.fixture
 def service(make_config) -> DhcpService:
-    config = make_config()
-    policy = BootPolicy(Inventory(config))
-    return DhcpService(policy, SERVER, Stats(), log_requests=False)
+    return make_service(make_config())
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def discovery(make_config, clock) -> DhcpService:
+    return make_service(with_discovery(make_config), clock)
 
 
 @pytest.mark.parametrize(
@@ -55,7 +96,7 @@ def service(make_config) -> DhcpService:
 def test_offer_per_firmware(service, options, firmware, bootfile, next_server) -> None:
     discover = request(dhcp.DISCOVER, **options)
     assert firmware_of(discover) == firmware
-    offer = service.answer(discover)
+    offer = answer(service, discover)
     assert offer.message_type == dhcp.OFFER
     assert offer.yiaddr == IPv4Address("10.99.0.11")
     assert offer.options.get(dhcp.OPT_BOOTFILE) == bootfile
@@ -67,34 +108,201 @@ def test_offer_per_firmware(service, options, firmware, bootfile, next_server) -
         assert offer.options[dhcp.OPT_VENDOR_SPECIFIC] == bytes((6, 1, 8, 255))
     node = service.policy.inventory.nodes["cn001"]
     assert node.run_state is (RunState.UNKNOWN if firmware == "os" else RunState.BOOTING)
+    assert node.mac == KNOWN
 
 
 def test_request_for_the_right_address_is_acked_and_timed(service) -> None:
-    ack = service.answer(
-        request(dhcp.REQUEST, o50=bytes([10, 99, 0, 11]), o54=SERVER.packed, **IPXE)
+    ack = answer(
+        service, request(dhcp.REQUEST, o50=bytes([10, 99, 0, 11]), o54=SERVER.packed, **IPXE)
     )
     assert ack.message_type == dhcp.ACK
     assert "dhcp_ack" in service.policy.inventory.nodes["cn001"].boot.phases
 
 
+def test_an_os_ack_is_not_a_boot_phase(service) -> None:
+    assert (
+        answer(service, request(dhcp.REQUEST, o50=bytes([10, 99, 0, 11]))).message_type == dhcp.ACK
+    )
+    assert service.policy.inventory.nodes["cn001"].boot is None
+
+
 def test_request_for_another_address_is_nakked(service) -> None:
-    nak = service.answer(request(dhcp.REQUEST, o50=bytes([10, 99, 0, 77])))
+    nak = answer(service, request(dhcp.REQUEST, o50=bytes([10, 99, 0, 77])))
     assert nak.message_type == dhcp.NAK
-    assert nak.options[dhcp.OPT_MESSAGE] == b"use 10.99.0.11"
+    assert b"10.99.0.11" in nak.options[dhcp.OPT_MESSAGE]
+
+
+def test_datagrams_are_counted_by_message_and_answer(service) -> None:
+    for packet in (request(dhcp.REQUEST, o50=bytes([10, 99, 0, 77])), request(dhcp.DISCOVER)):
+        service.datagram_received(dhcp.encode(packet), ("0.0.0.0", 68))
+    service.datagram_received(dhcp.encode(request(dhcp.OFFER)), ("10.99.0.2", 67))
+    counts = {k: v["requests"] for k, v in service.stats.as_json()["dhcp"].items()}
+    assert counts == {"request": 1, "nak": 1, "discover": 1, "offer": 1, "ignored": 1}
 
 
 def test_request_to_another_server_is_ignored(service) -> None:
+    chose_other = request(dhcp.REQUEST, o50=bytes([10, 99, 0, 11]), o54=bytes([10, 99, 0, 2]))
+    assert answer(service, chose_other) is None
+
+
+def test_unknown_machine_gets_nothing_without_discovery(service) -> None:
+    assert answer(service, request(dhcp.DISCOVER, mac=STRANGER, **BIOS)) is None
+    assert list(service.policy.inventory.unknown) == [STRANGER]
+    assert service.policy.leases is None
+
+
+def test_release_and_decline_of_a_fixed_address_keep_it(service) -> None:
+    assert answer(service, request(dhcp.RELEASE, ciaddr=IPv4Address("10.99.0.11"))) is None
+    assert answer(service, request(dhcp.DECLINE, o50=bytes([10, 99, 0, 11]))) is None
+    assert answer(service, request(dhcp.DISCOVER)).yiaddr == IPv4Address("10.99.0.11")
+
+
+def snapshot(inventory: Inventory):
+    """Everything a DHCP request may change in the inventory, as comparable values."""
+    nodes = {
+        n.name: (n.mac, n.run_state, copy.deepcopy(n.boot), n.location)
+        for n in inventory.nodes.values()
+    }
+    unknown = {m: copy.copy(u.__dict__) for m, u in inventory.unknown.items()}
+    return nodes, unknown, dict(inventory.bindings), list(inventory.events)
+
+
+@pytest.mark.parametrize(
+    ("mac", "extra"),
+    [(KNOWN, IPXE), (STRANGER, BIOS), ("52:54:00:aa:00:03", {**BIOS, **ON_SWP3})],
+    ids=["known", "stranger", "located"],
+)
+def test_a_verdict_writes_nothing_and_apply_writes_it(make_config, mac, extra) -> None:
+    service = make_service(with_discovery(make_config, LOCATED))
+    policy = service.policy
+    discover = request(dhcp.DISCOVER, mac=mac, giaddr=RELAY if "o82" in extra else ZERO, **extra)
+    before, leases = snapshot(policy.inventory), policy.leases.records()
+    verdict = policy.verdict(discover)
+    assert verdict.grant is not None
+    assert snapshot(policy.inventory) == before and policy.leases.records() == leases
+    policy.apply(verdict, ())
+    assert snapshot(policy.inventory) != before
+
+
+def test_relay_names_the_node_by_its_port(make_config) -> None:
+    service = make_service(with_discovery(make_config, LOCATED))
+    mac = "52:54:00:aa:00:03"
+    discover = request(dhcp.DISCOVER, mac=mac, giaddr=RELAY, **BIOS, **ON_SWP3)
+    verdict, decision = service.handle(discover)
+    assert verdict.node.name == "cn003" and verdict.location == ("sw1", "swp3")
+    assert decision.reply.yiaddr == IPv4Address("10.99.0.13")
+    assert decision.destination == ("10.99.0.254", 67)
+    assert decision.reply.options[dhcp.OPT_RELAY_AGENT] == b"\x01\x04swp3"
+    inventory = service.policy.inventory
+    assert inventory.by_mac(mac).name == "cn003"
+    assert inventory.nodes["cn003"].location["source"] == "dhcp-option-82"
+
+
+def test_a_port_held_by_a_live_machine_is_not_given_away(make_config) -> None:
+    service = make_service(with_discovery(make_config, LOCATED))
+    inventory = service.policy.inventory
+    node = inventory.locate("52:54:00:aa:00:01", ("sw1", "swp3"), "lldp")
+    node.run_state = RunState.READY  # alive: its agent reports
+    newcomer = request(dhcp.DISCOVER, mac="52:54:00:aa:00:02", giaddr=RELAY, **BIOS, **ON_SWP3)
+    verdict, decision = service.handle(newcomer)
+    assert verdict.node is None and verdict.why == "discovery pool"
+    assert decision.reply.yiaddr == IPv4Address("10.99.0.200")
+    assert "belongs to cn003" in inventory.unknown["52:54:00:aa:00:02"].conflict  # locate agreed
+
+
+# --- the discovery pool ----------------------------------------------------------------
+
+
+def test_strangers_get_pool_addresses_held_then_bound(discovery) -> None:
+    policy = discovery.policy
+    offer = answer(discovery, request(dhcp.DISCOVER, mac=STRANGER, **IPXE))
+    assert offer.yiaddr == IPv4Address("10.99.0.200")
     assert (
-        service.answer(request(dhcp.REQUEST, o50=bytes([10, 99, 0, 11]), o54=bytes([10, 99, 0, 2])))
-        is None
+        offer.options[dhcp.OPT_BOOTFILE]
+        == f"http://10.99.0.1:8080/boot/discover/{STRANGER}.ipxe".encode()
+    )
+    assert policy.leases.lease_of(STRANGER).state == OFFERED
+    other = answer(discovery, request(dhcp.DISCOVER, mac="52:54:00:00:00:02", **BIOS))
+    assert other.yiaddr == IPv4Address("10.99.0.201")
+    ack = answer(
+        discovery, request(dhcp.REQUEST, mac=STRANGER, o50=offer.yiaddr.packed, o54=SERVER.packed)
+    )
+    assert ack.message_type == dhcp.ACK
+    assert ack.options[dhcp.OPT_LEASE_TIME] == DISCOVERY_LEASE.to_bytes(4)
+    assert policy.leases.lease_of(STRANGER).state == BOUND
+    assert policy.discovery_address(STRANGER) == IPv4Address("10.99.0.200")
+    # the machine reboots: its firmware asks again and gets the same address
+    assert answer(discovery, request(dhcp.DISCOVER, mac=STRANGER, **BIOS)).yiaddr == offer.yiaddr
+
+
+def test_an_offer_taken_elsewhere_is_withdrawn(discovery) -> None:
+    answer(discovery, request(dhcp.DISCOVER, mac=STRANGER))
+    chose_other = request(
+        dhcp.REQUEST, mac=STRANGER, o50=bytes([10, 99, 0, 200]), o54=bytes([10, 99, 0, 2])
+    )
+    assert answer(discovery, chose_other) is None
+    assert discovery.policy.discovery_address(STRANGER) is None
+    assert answer(discovery, request(dhcp.DISCOVER, mac="52:54:00:00:00:02")).yiaddr == IPv4Address(
+        "10.99.0.201"
     )
 
 
-def test_unknown_machine_gets_nothing(service) -> None:
-    assert service.answer(request(dhcp.DISCOVER, mac="52:54:00:00:00:01", **BIOS)) is None
-    assert list(service.policy.inventory.unknown) == ["52:54:00:00:00:01"]
+def test_unrenewed_leases_lapse(discovery, clock) -> None:
+    answer(discovery, request(dhcp.DISCOVER, mac=STRANGER))
+    answer(
+        discovery,
+        request(dhcp.REQUEST, mac=STRANGER, o50=bytes([10, 99, 0, 200]), o54=SERVER.packed),
+    )
+    clock.now += DISCOVERY_LEASE / 2
+    renew = request(dhcp.REQUEST, mac=STRANGER, ciaddr=IPv4Address("10.99.0.200"))
+    assert answer(discovery, renew).message_type == dhcp.ACK
+    clock.now += DISCOVERY_LEASE - 1
+    assert discovery.policy.tick() == []
+    clock.now += 1
+    [lapsed] = discovery.policy.tick()
+    assert (lapsed.client, lapsed.state) == (STRANGER, BOUND)
+    assert discovery.policy.discovery_address(STRANGER) is None
 
 
-def test_release_and_decline_are_not_answered(service) -> None:
-    assert service.answer(request(dhcp.RELEASE)) is None
-    assert service.answer(request(dhcp.DECLINE)) is None
+def test_a_declined_address_is_quarantined(discovery, clock) -> None:
+    answer(discovery, request(dhcp.DISCOVER, mac=STRANGER))
+    decline = request(dhcp.DECLINE, mac=STRANGER, o50=bytes([10, 99, 0, 200]), o54=SERVER.packed)
+    assert answer(discovery, decline) is None
+    assert discovery.policy.leases.records()[0]["state"] == DECLINED
+    assert answer(discovery, request(dhcp.DISCOVER, mac=STRANGER)).yiaddr == IPv4Address(
+        "10.99.0.201"
+    )
+    clock.now += QUARANTINE
+    assert [lease.state for lease in discovery.policy.tick()] == [OFFERED, DECLINED]  # by time
+
+
+def test_a_released_address_comes_back_to_its_machine(discovery) -> None:
+    answer(discovery, request(dhcp.DISCOVER, mac=STRANGER))
+    answer(
+        discovery,
+        request(dhcp.REQUEST, mac=STRANGER, o50=bytes([10, 99, 0, 200]), o54=SERVER.packed),
+    )
+    release = request(
+        dhcp.RELEASE, mac=STRANGER, ciaddr=IPv4Address("10.99.0.200"), o54=SERVER.packed
+    )
+    assert answer(discovery, release) is None
+    assert discovery.policy.discovery_address(STRANGER) is None
+    assert answer(discovery, request(dhcp.DISCOVER, mac=STRANGER)).yiaddr == IPv4Address(
+        "10.99.0.200"
+    )
+
+
+def test_the_pool_follows_a_reload_and_keeps_its_leases(discovery, make_config) -> None:
+    policy = discovery.policy
+    answer(discovery, request(dhcp.DISCOVER, mac=STRANGER))
+    answer(
+        discovery,
+        request(dhcp.REQUEST, mac=STRANGER, o50=bytes([10, 99, 0, 200]), o54=SERVER.packed),
+    )
+    config = with_discovery(make_config)
+    config.path.write_text(config.path.read_text().replace("200-10.99.0.250", "200-10.99.0.210"))
+    policy.inventory.apply(load(config.path))
+    assert policy.leases.range[1] == IPv4Address("10.99.0.250")  # not before the explicit tick
+    policy.tick()
+    assert policy.leases.range == (IPv4Address("10.99.0.200"), IPv4Address("10.99.0.210"))
+    assert policy.discovery_address(STRANGER) == IPv4Address("10.99.0.200")

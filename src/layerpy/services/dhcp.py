@@ -1,4 +1,9 @@
-"""DHCP service: moves datagrams between a socket and the sans-I/O codec and policy."""
+"""DHCP service: moves datagrams between a socket, the RFC 2131 core and the boot policy.
+
+Per datagram: decode, tick the policy (lapsed leases), ask it what the client deserves,
+let :func:`layerpy.proto.dhcp_server.decide` answer, send the reply, apply the effects,
+count. Every decision lives in ``proto/``; what a machine gets lives in ``boot.py``.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +11,13 @@ import asyncio
 import logging
 import socket
 import time
+from collections import OrderedDict
 from ipaddress import IPv4Address
 
-from layerpy.boot import BootPolicy
+from layerpy.boot import BootPolicy, Verdict
 from layerpy.proto import dhcp
+from layerpy.proto.dhcp_server import Action, Decision, ServerIdentity, decide, screen
+from layerpy.proto.leases import BOUND
 from layerpy.stats import Stats
 
 log = logging.getLogger("layerpy.dhcp")
@@ -21,10 +29,12 @@ MESSAGE_NAMES = {
     dhcp.RELEASE: "release",
     dhcp.INFORM: "inform",
 }
+REMEMBERED = 4096
+"""Clients whose last logged outcome is kept, so a repeating one is logged once."""
 
 
 class DhcpService(asyncio.DatagramProtocol):
-    """Authoritative DHCP for the machines in the node file."""
+    """Authoritative DHCP for the machines in the node file (and the discovery pool)."""
 
     def __init__(
         self, policy: BootPolicy, server_address: IPv4Address, stats: Stats, log_requests: bool
@@ -34,6 +44,7 @@ class DhcpService(asyncio.DatagramProtocol):
         self.stats = stats
         self.log_requests = log_requests
         self.transport: asyncio.DatagramTransport | None = None
+        self._logged: OrderedDict[str, str] = OrderedDict()  # MAC -> last outcome logged
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -46,41 +57,59 @@ class DhcpService(asyncio.DatagramProtocol):
             self.stats.count("dhcp", "malformed", ok=False)
             log.debug("dropped malformed packet from %s: %s", addr[0], error)
             return
-        kind = MESSAGE_NAMES.get(request.message_type or 0)
-        if request.op != 1 or kind is None:
+        refused = screen(request)
+        if refused is not None:
             self.stats.count("dhcp", "ignored")
+            log.debug("%s: ignored a datagram from %s: %s", request.mac, addr[0], refused)
             return
+        kind = MESSAGE_NAMES[request.message_type or 0]
         try:
-            reply = self.answer(request)
+            verdict, decision = self.handle(request)
         except Exception:
             self.stats.observe("dhcp", kind, time.perf_counter() - started, ok=False)
             log.exception("%s: failed to answer a DHCP %s", request.mac, kind)
             return
-        if reply is not None and self.transport is not None:
-            self.transport.sendto(dhcp.encode(reply), dhcp.reply_destination(request, reply))
-        if self.log_requests:
-            answer = "no answer" if reply is None else f"{reply.yiaddr} ({reply.message_type})"
-            log.debug("%s: %s from %s -> %s", request.mac, kind, addr[0], answer)
         self.stats.observe("dhcp", kind, time.perf_counter() - started)
+        self.stats.count("dhcp", decision.answer)
+        self._log(request.mac, kind, addr[0], verdict, decision)
 
-    def answer(self, request: dhcp.DhcpPacket) -> dhcp.DhcpPacket | None:
-        """The reply to one request, or None to stay silent."""
-        message = request.message_type
-        if message in (dhcp.RELEASE, dhcp.DECLINE):
-            log.info("%s: client sent %s", request.mac, MESSAGE_NAMES[message])
-            return None
-        if message == dhcp.REQUEST and request.server_id not in (None, self.server_address):
-            return None  # the client took another server's offer
-        offer = self.policy.offer(request)
-        if offer is None:
-            return None
-        if message == dhcp.REQUEST:
-            wanted = request.requested_ip or request.ciaddr
-            if wanted != offer.address:
-                log.info("%s: NAK for %s, its address is %s", request.mac, wanted, offer.address)
-                return dhcp.build_nak(request, self.server_address, f"use {offer.address}")
-            self.policy.acknowledged(request)
-        return dhcp.build_reply(request, offer)
+    def handle(self, request: dhcp.DhcpPacket) -> tuple[Verdict, Decision]:
+        """Ask, answer, send, then apply: nothing is written before the decision is made."""
+        for lease in self.policy.tick():
+            level = logging.INFO if lease.state == BOUND else logging.DEBUG
+            whose = lease.client or "nobody's"
+            log.log(level, "%s lease %s lapsed (%s)", lease.state, lease.address, whose)
+        verdict = self.policy.verdict(request)
+        server = ServerIdentity(self.server_address, self.policy.config.network.subnet)
+        decision = decide(request, server, verdict.grant)
+        if decision.reply is not None and decision.destination is not None and self.transport:
+            self.transport.sendto(dhcp.encode(decision.reply), decision.destination)
+        self.policy.apply(verdict, decision.effects)
+        return verdict, decision
+
+    def _log(self, mac: str, kind: str, source: str, verdict: Verdict, decision: Decision) -> None:
+        """One debug line per packet when asked for; an info line per event (a NAK, a
+        release, a decline, silence towards a client we serve), once until it changes."""
+        if self.log_requests:
+            log.debug(
+                "%s: %s from %s (%s) -> %s (%s)",
+                mac, kind, source, verdict.why, decision.answer, decision.reason,
+            )  # fmt: skip
+        if decision.answer == "ack":
+            self._logged.pop(mac, None)  # the client is fine again: its next trouble is news
+            return
+        notable = decision.answer == "nak" or (
+            decision.answer == "silent" and verdict.grant is not None
+        )
+        if not notable or self._logged.get(mac) == decision.reason:
+            return
+        self._logged[mac] = decision.reason
+        self._logged.move_to_end(mac)
+        if len(self._logged) > REMEMBERED:
+            self._logged.popitem(last=False)
+        declined = any(effect.action is Action.DECLINE for effect in decision.effects)
+        level = logging.WARNING if declined else logging.INFO
+        log.log(level, "%s: %s -> %s (%s)", mac, kind, decision.answer, decision.reason)
 
 
 async def start_dhcp(

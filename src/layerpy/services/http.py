@@ -130,7 +130,7 @@ async def discovery_script(request: web.Request) -> web.Response:
     """The minOS for a machine no node claims yet, for the address it got from the pool."""
     policy = request.app[POLICY]
     mac = request.match_info["mac"].lower()
-    address = policy.pool.get(mac)
+    address = policy.discovery_address(mac)
     if address is None or mac not in policy.inventory.unknown:
         raise web.HTTPNotFound(text=f"no discovery boot for {mac}\n")
     if request.remote != str(address):
