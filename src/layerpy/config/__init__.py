@@ -1,0 +1,97 @@
+"""The node file: TOML in, a typed and validated :class:`Config` out.
+
+This is the only package that reads the file. Every problem is collected (not just the
+first) and reported with the file, the line where it can be found, the key path and what
+is wrong, so ``layerpy check`` can say everything in one go.
+
+records: what the file says, as typed records; reading: getters and problems with lines;
+values: value converters; boot, images, nodes: the section readers; here: the whole file.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from layerpy.config import boot, images, nodes
+from layerpy.config.reading import Reader, line_of_syntax_error
+from layerpy.config.records import (
+    DHCP_MODES,
+    POWER_STATES,
+    Config,
+    ConfigError,
+    ImageConfig,
+    IpxeConfig,
+    MinosConfig,
+    NetworkConfig,
+    NodeConfig,
+    Problem,
+    ReloadRefused,
+    ServerConfig,
+    SwitchConfig,
+)
+
+__all__ = [
+    "DHCP_MODES",
+    "POWER_STATES",
+    "Config",
+    "ConfigError",
+    "ImageConfig",
+    "IpxeConfig",
+    "MinosConfig",
+    "NetworkConfig",
+    "NodeConfig",
+    "Problem",
+    "ReloadRefused",
+    "ServerConfig",
+    "SwitchConfig",
+    "load",
+    "parse",
+]
+
+SECTIONS = ("server", "network", "minos", "ipxe", "images", "switches", "groups", "nodes")
+
+
+def load(path: str | Path) -> Config:
+    """Read and validate a node file; raise :class:`ConfigError` listing every problem."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(path, [Problem("", f"cannot read the file: {error.strerror}")]) from None
+    except UnicodeDecodeError as error:
+        line = path.read_bytes()[: error.start].count(b"\n") + 1
+        problem = Problem("", f"not UTF-8 text (byte {error.object[error.start]:#x})", line)
+        raise ConfigError(path, [problem]) from None
+    return parse(text, path)
+
+
+def parse(text: str, path: Path) -> Config:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        line = line_of_syntax_error(str(error))
+        raise ConfigError(path, [Problem("", f"TOML syntax error: {error}", line)]) from None
+    reader = Reader(path, text)
+    config = _read(reader, data)
+    if reader.problems or config is None:
+        raise ConfigError(path, reader.problems)
+    return config
+
+
+def _read(r: Reader, data: dict[str, Any]) -> Config | None:
+    """Every section, in the order their checks need each other."""
+    for unknown in sorted(set(data) - set(SECTIONS)):
+        r.problem(unknown, f"unknown section (known: {', '.join(SECTIONS)})")
+    network = boot.network(r, data)
+    server = boot.server(r, data, network)
+    minos = boot.minos(r, data)
+    ipxe = boot.ipxe(r, data, server)
+    known_images = images.read(r, data)
+    switches = nodes.switches(r, data)
+    all_nodes = nodes.read(r, data, network, server)
+    nodes.check_references(r, all_nodes, known_images, switches)
+    if server is None or network is None or minos is None or r.problems:
+        return None
+    return Config(r.file, server, network, minos, ipxe, known_images, switches, all_nodes)

@@ -1,0 +1,132 @@
+"""The sections that say how nodes boot: [server], [network], [minos] and [ipxe]."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from layerpy.config import values
+from layerpy.config.reading import Reader
+from layerpy.config.records import (
+    DHCP_MODES,
+    IpxeConfig,
+    MinosConfig,
+    NetworkConfig,
+    ServerConfig,
+)
+
+
+def server(r: Reader, data: dict[str, Any], network: NetworkConfig | None) -> ServerConfig | None:
+    """Where the server listens and whether it answers DHCP; its address lies in the network."""
+    keys = {
+        "address",
+        "interface",
+        "http_port",
+        "tftp_port",
+        "dhcp",
+        "state_dir",
+        "heartbeat",
+        "lost_after",
+        "power_poll",
+        "log_requests",
+    }
+    table = r.table(data, "server", keys)
+    get = r.getter(table, "server")
+    address = get("address", str, values.ipv4, required=True)
+    dhcp = get("dhcp", str, values.choice(DHCP_MODES), default="authoritative")
+    interface = get("interface", str)
+    if dhcp != "off" and interface is None and "server" in data:
+        r.problem("server.interface", f"is required when dhcp = {dhcp!r}")
+    if address and network and address not in network.subnet:
+        r.problem("server.address", f"{address} is outside network.subnet {network.subnet}")
+    if address is None:
+        return None
+    return ServerConfig(
+        address=address,
+        interface=interface,
+        http_port=get("http_port", int, values.port, default=8080),
+        tftp_port=get("tftp_port", int, values.port, default=69),
+        dhcp=dhcp or "authoritative",
+        state_dir=r.path(get("state_dir", str, default="/var/lib/layerpy")),
+        heartbeat=float(get("heartbeat", (int, float), values.positive, default=5.0)),
+        lost_after=get("lost_after", int, values.positive, default=3),
+        power_poll=float(get("power_poll", (int, float), values.positive, default=10.0)),
+        log_requests=get("log_requests", bool, default=False),
+    )
+
+
+def network(r: Reader, data: dict[str, Any]) -> NetworkConfig | None:
+    """The boot network: subnet, gateway, DNS, and the pool unknown machines boot from."""
+    keys = {"subnet", "gateway", "dns", "domain", "lease_time", "pool", "discover"}
+    table = r.table(data, "network", keys)
+    get = r.getter(table, "network")
+    subnet = get("subnet", str, values.subnet, required=True)
+    gateway = get("gateway", str, values.ipv4)
+    dns = get("dns", list, values.ipv4_list, default=())
+    pool = get("pool", str, values.pool)
+    discover = get("discover", bool, default=False)
+    if discover and pool is None:
+        r.problem("network.discover", "needs network.pool: discovery boots use its addresses")
+    if subnet:
+        if gateway and gateway not in subnet:
+            r.problem("network.gateway", f"{gateway} is outside network.subnet {subnet}")
+        if pool and not (pool[0] in subnet and pool[1] in subnet):
+            r.problem("network.pool", f"{pool[0]}-{pool[1]} is not inside {subnet}")
+    if subnet is None:
+        return None
+    return NetworkConfig(
+        subnet=subnet,
+        gateway=gateway,
+        dns=dns,
+        domain=get("domain", str),
+        lease_time=get("lease_time", int, values.positive, default=3600),
+        pool=pool,
+        discover=discover,
+    )
+
+
+def minos(r: Reader, data: dict[str, Any]) -> MinosConfig | None:
+    """The minOS every node boots; its files must be built already."""
+
+    def built(value: str) -> Path:
+        path = r.path(value)
+        if not path.is_file():
+            raise ValueError(f"{path} does not exist (build the minOS with minos/build.sh)")
+        return path
+
+    table = r.table(data, "minos", {"kernel", "initrd", "cmdline"})
+    get = r.getter(table, "minos")
+    kernel = get("kernel", str, built, required=True)
+    initrd = get("initrd", str, built, required=True)
+    cmdline = get("cmdline", str, default="")
+    if kernel is None or initrd is None:
+        return None
+    return MinosConfig(kernel, initrd, cmdline)
+
+
+def ipxe(r: Reader, data: dict[str, Any], server: ServerConfig | None) -> IpxeConfig:
+    """The iPXE binaries; TFTP serves only files inside their directory."""
+    table = r.table(data, "ipxe", {"dir", "bios", "uefi"})
+    get = r.getter(table, "ipxe")
+    defaults = IpxeConfig()
+    directory = get("dir", str, r.path, default=defaults.directory)
+    config = IpxeConfig(
+        directory,
+        get("bios", str, values.plain_file_name, default=defaults.bios),
+        get("uefi", str, values.plain_file_name, default=defaults.uefi),
+    )
+    if server and server.dhcp != "off":
+        for key, name in (("bios", config.bios), ("uefi", config.uefi)):
+            path = directory / name
+            if not path.is_file():
+                r.problem(
+                    f"ipxe.{key}",
+                    f"{path} does not exist (install Debian's ipxe package or set ipxe.dir)",
+                )
+            elif not path.resolve().is_relative_to(directory.resolve()):
+                r.problem(
+                    f"ipxe.{key}",
+                    f"{path} links to {path.resolve()}, outside ipxe.dir, and TFTP serves "
+                    "only what is inside it (pick another file or point ipxe.dir there)",
+                )
+    return config

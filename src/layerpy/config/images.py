@@ -1,0 +1,36 @@
+"""The [images.NAME] tables: the system images nodes may run, where each comes from and
+how it is started."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+from layerpy.config import values
+from layerpy.config.reading import Reader
+from layerpy.config.records import ImageConfig
+from layerpy.images.source import parse_source
+
+IMAGE_KEYS = {"source", "insecure", "systemd", "command", "user", "password_file", "password_env"}
+
+
+def read(r: Reader, data: dict[str, Any]) -> dict[str, ImageConfig]:
+    """Each image by name; a path source is relative to the node file, like all paths."""
+    images = {}
+    for name, prefix, get in r.named_tables(data, "images", IMAGE_KEYS):
+        insecure = get("insecure", bool, default=False)
+        source = get("source", str, partial(parse_source, insecure=insecure), required=True)
+        command = get("command", list, values.string_list)
+        password = r.password(get, prefix)
+        if source is None:
+            continue
+        if source.kind != "registry" and insecure:
+            r.problem(f"{prefix}.insecure", "applies to registry sources only")
+        user = get("user", str)
+        if user or password:
+            source = replace(source, user=user, password=password)
+        if source.kind != "registry":
+            source = replace(source, location=str(r.path(source.location)))
+        images[name] = ImageConfig(name, source, get("systemd", bool, default=False), command)
+    return images

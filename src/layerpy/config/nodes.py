@@ -1,0 +1,258 @@
+"""Who the nodes are: [groups.NAME] (many nodes from host lists) and [nodes.NAME] (one node,
+or changes to one of a group), their BMCs, the [switches.NAME] they are located by, and the
+checks across them (unique names, addresses and locations; images and switches that exist).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import replace
+from ipaddress import IPv4Address
+from typing import Any
+
+from layerpy import hostlist
+from layerpy.config import values
+from layerpy.config.reading import Reader
+from layerpy.config.records import (
+    POWER_STATES,
+    ImageConfig,
+    NetworkConfig,
+    NodeConfig,
+    ServerConfig,
+    SwitchConfig,
+)
+from layerpy.power.base import DRIVERS, PowerSpec
+
+NODE_KEYS = {"ip", "mac", "power", "bmc", "image", "location"}
+GROUP_KEYS = NODE_KEYS | {"nodes"}
+SWITCH_KEYS = {"chassis_id", "relay", "remote_id"}
+BMC_KEYS = {"driver", "address", "user", "password_file", "password_env", "verify_tls", "port"}
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+def switches(r: Reader, data: dict[str, Any]) -> dict[str, SwitchConfig]:
+    """The switches a node's location may name, each known by LLDP or DHCP option 82."""
+    switches = {}
+    for name, prefix, get in r.named_tables(data, "switches", SWITCH_KEYS):
+        switch = SwitchConfig(
+            name,
+            get("chassis_id", str, values.identifier),
+            get("relay", str, values.ipv4),
+            get("remote_id", str),
+        )
+        if not (switch.chassis_id or switch.relay or switch.remote_id):
+            r.problem(prefix, "needs chassis_id (LLDP), relay or remote_id (DHCP option 82)")
+        switches[name] = switch
+    return switches
+
+
+def check_references(
+    r: Reader,
+    nodes: dict[str, NodeConfig],
+    images: dict[str, ImageConfig],
+    switches: dict[str, SwitchConfig],
+) -> None:
+    """Every location on a defined switch and taken once; every image defined."""
+    taken: dict[tuple[str, str], str] = {}
+    for node in nodes.values():
+        if node.location is None:
+            continue
+        switch, port = node.location
+        if switch not in switches:
+            r.problem(
+                f"{_where(node)}.location",
+                f"{node.name}: no switch named {switch!r} (add a [switches.{switch}] table)",
+            )
+        elif node.location in taken:
+            r.problem(
+                f"{_where(node)}.location",
+                f"{node.name}: {switch}:{port} is already {taken[node.location]}'s location",
+            )
+        taken.setdefault(node.location, node.name)
+    for node in nodes.values():
+        if node.image is not None and node.image not in images:
+            r.problem(
+                f"{_where(node)}.image",
+                f"{node.name}: no image named {node.image!r} "
+                f"(defined: {', '.join(images) or 'none'}; add an [images.{node.image}] table)",
+            )
+
+
+def _where(node: NodeConfig) -> str:
+    """The table that defines a node, for problems about it."""
+    return f"nodes.{node.name}" if node.group is None else f"groups.{node.group}"
+
+
+def read(
+    r: Reader, data: dict[str, Any], network: NetworkConfig | None, server: ServerConfig | None
+) -> dict[str, NodeConfig]:
+    """Groups expanded node by node, then [nodes.NAME] adding nodes or changing them."""
+    nodes: dict[str, NodeConfig] = {}
+    origin: dict[str, str] = {}
+    groups = r.table(data, "groups", None)
+    for group_name, table in groups.items():
+        for node in _group(r, group_name, table):
+            _add(r, nodes, origin, node, f"groups.{group_name}.nodes")
+    overrides = r.table(data, "nodes", None)
+    for name, table in overrides.items():
+        node = _override(r, name, table, nodes.get(name))
+        if node is not None:
+            nodes[name] = node
+            origin.setdefault(name, f"nodes.{name}")
+    _check_unique(r, nodes, origin, network, server)
+    return nodes
+
+
+def _group(r: Reader, name: str, table: Any) -> Iterator[NodeConfig]:
+    prefix = f"groups.{name}"
+    if not r.is_table(table, prefix):
+        return
+    r.unknown_keys(table, prefix, GROUP_KEYS)
+    get = r.getter(table, prefix)
+    names = get("nodes", str, hostlist.expand, required=True)
+    ips = get("ip", str, values.ipv4_range, required=True)
+    macs = get("mac", (list, str), values.mac_list)
+    power = get("power", str, values.choice(POWER_STATES), default="on")
+    image = get("image", str)
+    locations = get("location", str, values.locations)
+    if names is None or ips is None:
+        return
+    bmcs = _bmcs(r, table.get("bmc"), f"{prefix}.bmc", names)
+    for key, entries in (("ip", ips), ("mac", macs), ("location", locations)):
+        if entries is not None and not _one_each(r, f"{prefix}.{key}", entries, names):
+            return
+    for index, node_name in enumerate(names):
+        if not _NAME.match(node_name):
+            r.problem(f"{prefix}.nodes", f"{node_name!r} is not a valid host name")
+            continue
+        mac = macs[index] if macs else None
+        bmc = bmcs[index] if bmcs else None
+        location = locations[index] if locations else None
+        yield NodeConfig(node_name, ips[index], mac, name, power or "on", bmc, image, location)
+
+
+def _override(r: Reader, name: str, table: Any, base: NodeConfig | None) -> NodeConfig | None:
+    prefix = f"nodes.{name}"
+    if not r.is_table(table, prefix):
+        return None
+    if not _NAME.match(name):
+        r.problem(prefix, f"{name!r} is not a valid host name")
+        return None
+    r.unknown_keys(table, prefix, NODE_KEYS)
+    get = r.getter(table, prefix)
+    ip = get("ip", str, values.ipv4, required=base is None)
+    mac = get("mac", str, values.mac)
+    power = get("power", str, values.choice(POWER_STATES))
+    image = get("image", str)
+    locations = get("location", str, values.locations)
+    if locations is not None and len(locations) != 1:
+        r.problem(f"{prefix}.location", "a node has one location, like sw1:swp3")
+        locations = None
+    location = locations[0] if locations else None
+    bmcs = _bmcs(r, table.get("bmc"), f"{prefix}.bmc", [name])
+    bmc = bmcs[0] if bmcs else None
+    if base is None:
+        if ip is None:
+            return None
+        return NodeConfig(name, ip, mac, None, power or "on", bmc, image, location)
+    return replace(
+        base,
+        ip=ip or base.ip,
+        mac=mac or base.mac,
+        power=power or base.power,
+        bmc=bmc or base.bmc,
+        image=image or base.image,
+        location=location or base.location,
+    )
+
+
+def _bmcs(r: Reader, table: Any, prefix: str, names: list[str]) -> list[PowerSpec] | None:
+    """One power spec per node; ``address`` is a hostlist matching the nodes, one
+    address for all, or a template with ``{node}`` (e.g. a QMP socket path)."""
+    if table is None or not r.is_table(table, prefix):
+        return None
+    r.unknown_keys(table, prefix, BMC_KEYS)
+    get = r.getter(table, prefix)
+    driver = get("driver", str, values.choice(DRIVERS), required=True)
+    address = get("address", str)
+    password = r.password(get, prefix)
+    if driver is None:
+        return None
+    if address is None and driver != "none":
+        r.problem(f"{prefix}.address", f"is required for driver {driver!r}")
+        return None
+    if address is None or "{node}" in address:
+        addresses = [address.format(node=n) if address else None for n in names]
+    else:
+        try:
+            addresses = hostlist.expand(address)
+        except hostlist.HostlistError as error:
+            r.problem(f"{prefix}.address", str(error))
+            return None
+        if len(addresses) == 1:
+            addresses *= len(names)
+        if not _one_each(r, f"{prefix}.address", addresses, names):
+            return None
+    common = {
+        "driver": driver,
+        "user": get("user", str),
+        "password": password,
+        "verify_tls": get("verify_tls", bool, default=True),
+        "port": get("port", int, values.port),
+    }
+    return [PowerSpec(address=address, **common) for address in addresses]
+
+
+def _one_each(r: Reader, key: str, entries: list[Any], names: list[str]) -> bool:
+    """Whether a range has one entry per node; if not, that is a problem."""
+    if len(entries) == len(names):
+        return True
+    r.problem(
+        key,
+        f"has {len(entries)} entries for {len(names)} nodes; ranges must have the same length",
+    )
+    return False
+
+
+def _add(
+    r: Reader, nodes: dict[str, NodeConfig], origin: dict[str, str], node: NodeConfig, key: str
+) -> None:
+    if node.name in nodes:
+        r.problem(key, f"node {node.name} is already defined by {origin[node.name]}")
+        return
+    nodes[node.name] = node
+    origin[node.name] = key
+
+
+def _check_unique(
+    r: Reader,
+    nodes: dict[str, NodeConfig],
+    origin: dict[str, str],
+    network: NetworkConfig | None,
+    server: ServerConfig | None,
+) -> None:
+    seen_ip: dict[IPv4Address, str] = {}
+    seen_mac: dict[str, str] = {}
+    for node in nodes.values():
+        key = origin[node.name]
+        if node.ip in seen_ip:
+            r.problem(key, f"{node.name} has IP {node.ip}, already used by {seen_ip[node.ip]}")
+        seen_ip.setdefault(node.ip, node.name)
+        if node.mac and node.mac in seen_mac:
+            r.problem(key, f"{node.name} has MAC {node.mac}, already used by {seen_mac[node.mac]}")
+        if node.mac:
+            seen_mac.setdefault(node.mac, node.name)
+        if network is not None:
+            subnet = network.subnet
+            if node.ip not in subnet:
+                r.problem(key, f"{node.name}'s IP {node.ip} is outside network.subnet {subnet}")
+            elif node.ip in (subnet.network_address, subnet.broadcast_address):
+                r.problem(
+                    key,
+                    f"{node.name}'s IP {node.ip} is the subnet's network or broadcast address",
+                )
+            elif network.pool and network.pool[0] <= node.ip <= network.pool[1]:
+                r.problem(key, f"{node.name}'s IP {node.ip} lies inside network.pool")
+        if server is not None and node.ip == server.address:
+            r.problem(key, f"{node.name}'s IP {node.ip} is the server's own address")

@@ -1,0 +1,133 @@
+"""What the node file says, as typed records, and how reading it can fail."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv4Network
+from pathlib import Path
+
+from layerpy.images.source import ImageSource
+from layerpy.power.base import PowerSpec
+
+DHCP_MODES = ("authoritative", "off")
+POWER_STATES = ("on", "off")
+
+
+@dataclass(frozen=True)
+class Problem:
+    key: str
+    message: str
+    line: int | None = None
+
+
+class ConfigError(Exception):
+    """The node file is unusable; ``problems`` lists every reason."""
+
+    def __init__(self, path: Path, problems: list[Problem]) -> None:
+        self.path = path
+        self.problems = problems
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        lines = []
+        for problem in self.problems:
+            where = f"{self.path}:{problem.line}" if problem.line else str(self.path)
+            key = f" {problem.key}:" if problem.key else ""
+            lines.append(f"{where}:{key} {problem.message}")
+        return "\n".join(lines)
+
+
+class ReloadRefused(Exception):
+    """A new node file was not applied (the old one stays in force); ``problems`` says why."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    address: IPv4Address
+    interface: str | None = None
+    http_port: int = 8080
+    tftp_port: int = 69
+    dhcp: str = "authoritative"
+    state_dir: Path = Path("/var/lib/layerpy")
+    heartbeat: float = 5.0
+    lost_after: int = 3
+    power_poll: float = 10.0
+    log_requests: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.http_port}"
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    subnet: IPv4Network
+    gateway: IPv4Address | None = None
+    dns: tuple[IPv4Address, ...] = ()
+    domain: str | None = None
+    lease_time: int = 3600
+    pool: tuple[IPv4Address, IPv4Address] | None = None
+    discover: bool = False  # unknown machines boot the minOS from the pool, to be located
+
+
+@dataclass(frozen=True)
+class MinosConfig:
+    kernel: Path
+    initrd: Path
+    cmdline: str = ""
+
+
+@dataclass(frozen=True)
+class IpxeConfig:
+    directory: Path = Path("/usr/lib/ipxe")
+    bios: str = "undionly.kpxe"
+    uefi: str = "snponly.efi"
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """A system image: where to find it and how to run it."""
+
+    name: str
+    source: ImageSource
+    systemd: bool = False
+    command: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class SwitchConfig:
+    """A switch nodes are named by: its LLDP chassis id, and for DHCP option 82 the
+    address of its relay agent (giaddr) or the remote id it sends."""
+
+    name: str
+    chassis_id: str | None = None
+    relay: IPv4Address | None = None
+    remote_id: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str
+    ip: IPv4Address
+    mac: str | None = None
+    group: str | None = None
+    power: str = "on"
+    bmc: PowerSpec | None = None
+    image: str | None = None
+    location: tuple[str, str] | None = None  # (switch, port)
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path
+    server: ServerConfig
+    network: NetworkConfig
+    minos: MinosConfig
+    ipxe: IpxeConfig
+    images: dict[str, ImageConfig] = field(default_factory=dict)
+    switches: dict[str, SwitchConfig] = field(default_factory=dict)
+    nodes: dict[str, NodeConfig] = field(default_factory=dict)

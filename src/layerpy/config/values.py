@@ -1,0 +1,118 @@
+"""Value converters for the typed getters: each turns a TOML value into what the records
+hold, or raises ValueError with a message the user can act on."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from ipaddress import IPv4Address, IPv4Network
+from typing import Any
+
+from layerpy import hostlist
+
+_MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
+
+
+def ipv4(value: str) -> IPv4Address:
+    try:
+        return IPv4Address(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IPv4 address") from None
+
+
+def ipv4_list(values: list[Any]) -> tuple[IPv4Address, ...]:
+    if not all(isinstance(v, str) for v in values):
+        raise ValueError("must be a list of IPv4 address strings")
+    return tuple(ipv4(v) for v in values)
+
+
+def ipv4_range(value: str) -> list[IPv4Address]:
+    try:
+        return [ipv4(item) for item in hostlist.expand(value)]
+    except hostlist.HostlistError as error:
+        raise ValueError(str(error)) from None
+
+
+def subnet(value: str) -> IPv4Network:
+    try:
+        return IPv4Network(value)
+    except ValueError as error:
+        raise ValueError(f"{value!r} is not an IPv4 subnet like 10.99.0.0/24 ({error})") from None
+
+
+def pool(value: str) -> tuple[IPv4Address, IPv4Address]:
+    first, dash, last = value.partition("-")
+    if not dash:
+        raise ValueError(f"{value!r} must be a range like 10.99.0.200-10.99.0.250")
+    low, high = ipv4(first.strip()), ipv4(last.strip())
+    if high < low:
+        raise ValueError(f"{value!r} runs backwards")
+    return low, high
+
+
+def mac(value: str) -> str:
+    mac = value.strip().lower().replace("-", ":")
+    if not _MAC.match(mac):
+        raise ValueError(f"{value!r} is not a MAC address like 52:54:00:12:34:56")
+    return mac
+
+
+def mac_list(value: list[Any] | str) -> list[str]:
+    items = [value] if isinstance(value, str) else value
+    if not all(isinstance(item, str) for item in items):
+        raise ValueError("must be a list of MAC address strings")
+    return [mac(item) for item in items]
+
+
+def locations(value: str) -> list[tuple[str, str]]:
+    """``sw1:swp[1-4]`` -> [("sw1", "swp1"), …]."""
+    try:
+        expanded = hostlist.expand(value)
+    except hostlist.HostlistError as error:
+        raise ValueError(str(error)) from None
+    locations = []
+    for item in expanded:
+        switch, colon, port = item.partition(":")
+        if not (colon and switch and port):
+            raise ValueError(f"{item!r} is not a location like sw1:swp3 (switch:port)")
+        locations.append((switch, port))
+    return locations
+
+
+def identifier(value: str) -> str:
+    """A chassis id as LLDP renders it: MACs lowercase with colons, anything else as is."""
+    mac = value.strip().lower().replace("-", ":")
+    return mac if _MAC.match(mac) else value.strip()
+
+
+def string_list(value: list[Any]) -> tuple[str, ...]:
+    if not value or not all(isinstance(item, str) for item in value):
+        raise ValueError("must be a non-empty list of strings")
+    return tuple(value)
+
+
+def port(value: int) -> int:
+    if not 1 <= value <= 65535:
+        raise ValueError(f"{value} is not a port number (1-65535)")
+    return value
+
+
+def positive(value: float) -> float:
+    if value <= 0:
+        raise ValueError(f"{value} must be greater than zero")
+    return value
+
+
+def plain_file_name(value: str) -> str:
+    if "/" in value or value in ("", ".", ".."):
+        raise ValueError(f"{value!r} must be a file name inside ipxe.dir")
+    return value
+
+
+def choice(options: tuple[str, ...]) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        if value not in options:
+            raise ValueError(f"{value!r} is not one of: {', '.join(options)}")
+        return value
+
+    return check
