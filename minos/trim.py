@@ -117,6 +117,7 @@ def exercise_runner(tmp: str) -> None:
     import tarfile
 
     from layerpy.agent import container, image
+    from layerpy.proto import agent as contract
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tf:
@@ -134,7 +135,7 @@ def exercise_runner(tmp: str) -> None:
     runner = container.Runner(os.path.join(tmp, "run"), lambda msg: None, "n1", console=os.devnull)
     runner.want(None)
     runner.tick()
-    json.dumps(runner.report())
+    json.dumps(contract.encode(runner.report()))
 
 
 def trace() -> None:

@@ -29,6 +29,7 @@ import pytest
 
 from layerpy.agent.container import Runner
 from layerpy.agent.image import PullError, extract_tar
+from layerpy.proto.agent import ImageSpec, decode, encode
 
 BUSYBOX = "/bin/busybox"
 NODE = "node-t1"
@@ -194,6 +195,13 @@ class Agent:
         kw.setdefault("stop_timeout", 5.0)
         self.r = Runner(str(state), self._log, NODE, console=str(console), **kw)
 
+    def want(self, spec: dict | None) -> None:
+        """What the agent does with an answer: the contract checks the spec first."""
+        self.r.want(None if spec is None else decode(ImageSpec, spec, "spec"))
+
+    def report(self) -> dict:
+        return encode(self.r.report())
+
     def _log(self, msg: str) -> None:
         print(msg)
         self.lines.append(msg)
@@ -202,9 +210,9 @@ class Agent:
         deadline = time.monotonic() + timeout
         while True:
             self.r.tick()
-            rep = self.r.report()
-            if not self.seen or self.seen[-1] != rep["image_state"]:
-                self.seen.append(rep["image_state"])
+            rep = self.report()
+            if not self.seen or self.seen[-1] != rep["state"]:
+                self.seen.append(rep["state"])
             if pred(rep):
                 return rep
             if time.monotonic() > deadline:
@@ -216,8 +224,8 @@ class Agent:
         PID 1, which exists a moment after ``unshare`` does."""
         return self.wait(
             lambda r: (
-                r["image_state"] == state
-                and (digest is None or r["image_digest"] == digest)
+                r["state"] == state
+                and (digest is None or r["digest"] == digest)
                 and (state != "active" or r["container_pid"] is not None)
             )
         )
@@ -235,7 +243,7 @@ def agent(tmp_path: Path) -> Iterator[Callable[..., Agent]]:
     yield make
     try:
         if made:  # only the last agent lives: the earlier ones stand for dead processes
-            made[-1].r.want(None)
+            made[-1].want(None)
             made[-1].state("none")
     finally:
         hard_cleanup(tmp_path / "state")
@@ -325,10 +333,10 @@ def test_extract_tar_refuses_escapes(
 def test_tar_image_runs_isolated_and_updates(tmp_path: Path, agent, image) -> None:
     a = agent()
     spec_a, spec_b = image("A"), image("B")
-    a.r.want(spec_a)
-    assert a.r.report()["image_state"] == "pulling"  # at once, not when the thread runs
+    a.want(spec_a)
+    assert a.report()["state"] == "pulling"  # at once, not when the thread runs
     rep = a.state("active", spec_a["digest"])
-    assert rep["image"] == "base" and rep["image_error"] is None
+    assert rep["name"] == "base" and rep["error"] is None
     pid = rep["container_pid"]
     log = console(tmp_path, "procs")
     assert "[base] up A A in /srv/app" in log
@@ -354,8 +362,8 @@ def test_tar_image_runs_isolated_and_updates(tmp_path: Path, agent, image) -> No
     (dir_a,) = images(tmp_path)
     assert os.listdir(tmp_path / "state" / "images" / dir_a) == ["root"]
 
-    a.r.want(spec_b)
-    assert a.r.report()["image_state"] == "updating"
+    a.want(spec_b)
+    assert a.report()["state"] == "updating"
     rep = a.state("active", spec_b["digest"])
     pid_b = rep["container_pid"]
     assert pid_b != pid and not proc_alive(pid)
@@ -365,7 +373,7 @@ def test_tar_image_runs_isolated_and_updates(tmp_path: Path, agent, image) -> No
     assert any("pulling (" in ln for ln in a.lines) and any("updating (" in ln for ln in a.lines)
     assert any(re.search(r"base sha256:\w{12}… active in \d+\.\d s", ln) for ln in a.lines)
 
-    a.r.want(None)
+    a.want(None)
     assert a.state("none")["container_pid"] is None and not proc_alive(pid_b)
     assert images(tmp_path) == [] and mounts_under(tmp_path / "state") == []
     assert not (tmp_path / "state" / "container.json").exists()
@@ -375,7 +383,7 @@ def test_tar_image_runs_isolated_and_updates(tmp_path: Path, agent, image) -> No
 def test_squashfs_image_under_overlay_is_released(tmp_path: Path, agent, image) -> None:
     a = agent()
     spec = image("S", "squashfs", cmd=["/bin/sh", "-c", "echo w > /etc/written; " + PROBE])
-    a.r.want(spec)
+    a.want(spec)
     pid = a.state("active", spec["digest"])["container_pid"]
     console(tmp_path, "[base] up S S")
     (cmd,) = children(pid)
@@ -392,7 +400,7 @@ def test_squashfs_image_under_overlay_is_released(tmp_path: Path, agent, image) 
 
     assert len(loops()) == 1
     spec_t = image("T")
-    a.r.want(spec_t)
+    a.want(spec_t)
     a.state("active", spec_t["digest"])
     assert len(mounts_under(tmp_path / "state")) == 1
     a.wait(lambda r: loops() == [], timeout=2.0)  # the loop device clears itself on release
@@ -403,29 +411,29 @@ def test_bad_sha256_is_an_error_and_the_old_container_keeps_running(
 ) -> None:
     a = agent()
     good = image("A")
-    a.r.want(good)
+    a.want(good)
     pid = a.state("active")["container_pid"]
     bad = image("B")
     real = bad["sha256"]
     bad["sha256"] = "0" * 64
-    a.r.want(bad)
+    a.want(bad)
     rep = a.state("error")
-    assert rep["image_error"] == f"sha256 mismatch for {bad['digest']}: got {real}"
-    assert rep["image_digest"] == bad["digest"] and rep["container_pid"] == pid
+    assert rep["error"] == f"sha256 mismatch for {bad['digest']}: got {real}"
+    assert rep["digest"] == bad["digest"] and rep["container_pid"] == pid
     a.wait(lambda r: sum("sha256 mismatch" in ln for ln in a.lines) >= 2)  # retried
     assert proc_alive(pid)
-    a.r.want(good)  # the server goes back to what runs: no restart, error gone
+    a.want(good)  # the server goes back to what runs: no restart, error gone
     rep = a.state("active", good["digest"])
-    assert rep["container_pid"] == pid and rep["image_error"] is None
+    assert rep["container_pid"] == pid and rep["error"] is None
     a.wait(lambda r: len(images(tmp_path)) == 1)
 
 
 def test_crash_loop_backs_off_then_errors(tmp_path: Path, agent, image) -> None:
     a = agent()
     spec = image("C", cmd=["/bin/sh", "-c", "echo boom; exit 3"])
-    a.r.want(spec)
+    a.want(spec)
     rep = a.state("error")
-    assert re.fullmatch(r"container exited 5 times in \d+ s \(last: 3\)", rep["image_error"])
+    assert re.fullmatch(r"container exited 5 times in \d+ s \(last: 3\)", rep["error"])
     delays = [ln.split("restarting in ")[1] for ln in a.lines if "exited with 3" in ln]
     assert delays[:5] == ["0.05 s", "0.1 s", "0.2 s", "0.2 s", "0.2 s"]
     assert console(tmp_path, "boom").count("[base] boom") >= 5
@@ -444,10 +452,10 @@ def test_systemd_mode_execs_init_as_pid1_and_stops_it_with_sigrtmin3(
     )
     a = agent()
     spec = image("D", init=init)
-    a.r.want(spec)
+    a.want(spec)
     a.state("active")
     console(tmp_path, "init pid 1 container=layerpy")
-    a.r.want(None)
+    a.want(None)
     a.state("none")
     console(tmp_path, "halting")
     assert not any("did not stop" in ln for ln in a.lines)
@@ -457,10 +465,10 @@ def test_systemd_mode_execs_init_as_pid1_and_stops_it_with_sigrtmin3(
 def test_new_digest_supersedes_a_pull(tmp_path: Path, agent, image) -> None:
     a = agent()
     slow, fast = image("E", slow=True), image("F")
-    a.r.want(slow)
+    a.want(slow)
     time.sleep(0.2)
-    assert a.r.report()["image_state"] == "pulling"
-    a.r.want(fast)
+    assert a.report()["state"] == "pulling"
+    a.want(fast)
     a.state("active", fast["digest"])
     assert any("superseded, dropped" in ln for ln in a.lines)
     assert len(images(tmp_path)) == 1
@@ -474,10 +482,11 @@ def test_restarted_agent_adopts_the_container_and_cleans_up(tmp_path: Path, agen
         "import json, os, sys, time\n"
         "from layerpy.agent.container import Runner\n"
         f"r = Runner({str(state)!r}, lambda m: None, {NODE!r}, console={str(tmp_path / 'console.log')!r})\n"
-        "r.want(json.loads(sys.argv[1]))\n"
-        "while r.report()['image_state'] != 'active' or not r.report()['container_pid']:\n"
+        "from layerpy.proto.agent import ImageSpec, decode\n"
+        "r.want(decode(ImageSpec, json.loads(sys.argv[1]), 'spec'))\n"
+        "while r.report().state != 'active' or not r.report().container_pid:\n"
         "    r.tick(); time.sleep(0.02)\n"
-        "print(r.report()['container_pid'])\n"
+        "print(r.report().container_pid)\n"
         "os._exit(0)\n"
     )
     out = subprocess.run(
@@ -492,22 +501,22 @@ def test_restarted_agent_adopts_the_container_and_cleans_up(tmp_path: Path, agen
     subprocess.run([BUSYBOX, "mount", "-t", "tmpfs", "tmpfs", str(junk)], check=True)
 
     a2 = agent()
-    rep = a2.r.report()
-    assert rep["image_state"] == "active" and rep["container_pid"] == pid
+    rep = a2.report()
+    assert rep["state"] == "active" and rep["container_pid"] == pid
     assert any("adopted container pid" in ln for ln in a2.lines)
     assert "junk" not in images(tmp_path) and str(junk) not in mounts_under(state)
-    a2.r.want(spec)  # the server still wants it: nothing to do
+    a2.want(spec)  # the server still wants it: nothing to do
     a2.wait(lambda r: True)
-    assert a2.r.report()["container_pid"] == pid
+    assert a2.report()["container_pid"] == pid
 
     os.kill(pid, signal.SIGKILL)  # dies while its parent is not ours: no exit status
-    rep = a2.wait(lambda r: r["container_pid"] not in (None, pid) and r["image_state"] == "active")
+    rep = a2.wait(lambda r: r["container_pid"] not in (None, pid) and r["state"] == "active")
     assert any("exited with unknown status" in ln for ln in a2.lines)
     new = rep["container_pid"]
 
     # The second agent dies too: the third finds the container the second started.
     a3 = agent()
-    assert a3.r.report()["container_pid"] == new
+    assert a3.report()["container_pid"] == new
     assert any("adopted container pid" in ln for ln in a3.lines)
 
     # And the container dies while no agent runs: the next one restarts it from the
@@ -520,7 +529,7 @@ def test_restarted_agent_adopts_the_container_and_cleans_up(tmp_path: Path, agen
     a4 = agent()
     assert any("is gone; restarting it" in ln for ln in a4.lines)
     rep = a4.wait(lambda r: r["container_pid"] not in (None, new))
-    assert rep["image_state"] == "active" and not any("pulling" in ln for ln in a4.lines)
+    assert rep["state"] == "active" and not any("pulling" in ln for ln in a4.lines)
 
 
 @pytest.mark.parametrize(

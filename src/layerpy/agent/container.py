@@ -9,6 +9,7 @@ containers do not depend on the agent or the server, and a prepared image needs 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -19,6 +20,7 @@ from collections.abc import Callable
 
 from layerpy.agent.image import PullError, Roots, label
 from layerpy.agent.process import Container, backoff
+from layerpy.proto.agent import ImageSpec, ImageState, ImageStatus, encode
 
 BUSYBOX = "/bin/busybox"
 
@@ -39,11 +41,11 @@ def _stderr(msg: str) -> None:
     print(f"layerpy-agent: {msg}", file=sys.stderr, flush=True)
 
 
-def _key(spec: dict | None) -> str | None:
+def _key(spec: ImageSpec | None) -> str | None:
     """What makes a new container: the image and how it is run (not the URL it comes from)."""
     if spec is None:
         return None
-    return json.dumps([spec.get(k) for k in ("digest", "format", "systemd", "command", "config")])
+    return json.dumps(encode(spec) | {"url": None}, sort_keys=True)
 
 
 class Runner:
@@ -77,10 +79,10 @@ class Runner:
             backoff=backoff,
         )
         # (state, spec it is about, error, uptime since): one tuple, so report() reads it whole
-        self._status: tuple[str, dict | None, str | None, float] = ("none", None, None, _uptime())
-        self._want: dict | None = None
+        self._status = ImageStatus(ImageState.NONE, since=_uptime())
+        self._want: ImageSpec | None = None
         self._want_key: str | None = None
-        self._pull_error: tuple[str | None, dict | None, str] | None = None  # key, spec, reason
+        self._pull_error: tuple[str | None, ImageSpec | None, str] | None = None  # key, spec, why
         self._pull_fails = 0
         self._retry_at = 0.0
         self._worker: threading.Thread | None = None
@@ -90,10 +92,8 @@ class Runner:
 
     # -- the API the agent loop calls --
 
-    def want(self, spec: dict | None) -> None:
+    def want(self, spec: ImageSpec | None) -> None:
         """The server's answer: the image to run, or None for nothing."""
-        if spec is not None and not isinstance(spec, dict):
-            spec = {"name": None, "digest": repr(spec)}  # fails in the pull, reported
         key = _key(spec)
         if key == self._want_key:
             self._want = spec  # same container; the URL may have moved
@@ -112,26 +112,22 @@ class Runner:
                 self._lock.release()
         self._kick()
 
-    def report(self) -> dict:
-        state, spec, error, since = self._status
+    def report(self) -> ImageStatus:
         proc = self._container.proc
-        return {
-            "image_state": state,
-            "image": spec.get("name") if spec else None,
-            "image_digest": spec.get("digest") if spec else None,
-            "image_error": error,
-            "container_pid": proc.init_pid() if proc else None,
-            "image_since": since,
-        }
+        pid = proc.init_pid() if proc else None
+        return dataclasses.replace(self._status, container_pid=pid)
 
     # -- state --
 
-    def _set(self, state: str, spec: dict | None, error: str | None = None) -> None:
-        old, old_spec, old_error, since = self._status
-        digest = spec.get("digest") if spec else None
-        if (old, old_spec.get("digest") if old_spec else None, old_error) != (state, digest, error):
+    def _set(self, state: ImageState, spec: ImageSpec | None, error: str | None = None) -> None:
+        """The state reported, in one record so report() reads it whole."""
+        old = self._status
+        digest = spec.digest if spec else None
+        since = old.since
+        if (old.state, old.digest, old.error) != (state, digest, error):
             since = _uptime()
-        self._status = (state, spec, error, since)
+        name = spec.name if spec else None
+        self._status = ImageStatus(state, name, digest, error, None, since)
 
     def _settle(self) -> None:
         """The resting state, once no pull is under way."""
@@ -140,13 +136,13 @@ class Runner:
             if self._worker is not None:
                 return
             if self._pull_error is not None:
-                self._set("error", self._pull_error[1], self._pull_error[2])
+                self._set(ImageState.ERROR, self._pull_error[1], self._pull_error[2])
             elif image is not None and self._container.error:
-                self._set("error", image.spec, self._container.error)
+                self._set(ImageState.ERROR, image.spec, self._container.error)
             elif image is not None:
-                self._set("active", image.spec)
+                self._set(ImageState.ACTIVE, image.spec)
             else:
-                self._set("none", None)
+                self._set(ImageState.NONE, None)
 
     def _check(self, key: str | None) -> None:
         if self._want_key != key:
@@ -181,13 +177,13 @@ class Runner:
             ):
                 return
             if spec is not None:  # reported from now on, not when the thread gets going
-                self._set("updating" if image else "pulling", spec)
+                self._set(ImageState.UPDATING if image else ImageState.PULLING, spec)
             self._worker = threading.Thread(
                 target=self._work, args=(spec, key), name="layerpy-image", daemon=True
             )
             self._worker.start()
 
-    def _work(self, spec: dict | None, key: str | None) -> None:
+    def _work(self, spec: ImageSpec | None, key: str | None) -> None:
         try:
             if spec is None:
                 with self._lock:
@@ -216,7 +212,7 @@ class Runner:
             self._settle()
             self._kick()
 
-    def _switch(self, spec: dict, key: str | None) -> None:
+    def _switch(self, spec: ImageSpec, key: str | None) -> None:
         """Prepare the new image while the old container runs, then swap the containers."""
         t0 = time.monotonic()
         verb = "updating" if self._container.image else "pulling"

@@ -21,22 +21,23 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 
+from layerpy.proto.agent import ImageSpec, decode, encode
+
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 HTTP_TIMEOUT = 30.0
 CHUNK = 1 << 20
-FORMATS = ("squashfs", "tar")
 
 
 class PullError(Exception):
     """Download, verification or preparation failed; the message is the reason reported."""
 
 
-def label(spec: dict | None) -> str:
+def label(spec: ImageSpec | None) -> str:
     """How logs name an image: its name and the start of its digest."""
-    if not isinstance(spec, dict):
+    if spec is None:
         return "none"
-    digest = str(spec.get("digest"))
-    return f"{spec.get('name')} {digest[:19] + '…' if len(digest) > 19 else digest}"
+    digest = spec.digest
+    return f"{spec.name} {digest[:19] + '…' if len(digest) > 19 else digest}"
 
 
 def inside(path: str, root: str) -> bool:
@@ -126,7 +127,7 @@ def extract_tar(path: str, root: str, check: Callable[[], None] = lambda: None) 
 class Image:
     """A prepared root: what runs in it, and the mounts and files to drop afterwards."""
 
-    def __init__(self, spec: dict, dir: str, mounts: list[str], argv: list[str]) -> None:
+    def __init__(self, spec: ImageSpec, dir: str, mounts: list[str], argv: list[str]) -> None:
         self.spec = spec
         self.dir = dir
         self.mounts = mounts  # mount points in mount order
@@ -141,7 +142,19 @@ class Image:
         return label(self.spec)
 
     def record(self) -> dict:
-        return {"spec": self.spec, "dir": self.dir, "mounts": self.mounts, "argv": self.argv}
+        """What container.json keeps of it, for an agent that restarts."""
+        return {
+            "spec": encode(self.spec),
+            "dir": self.dir,
+            "mounts": self.mounts,
+            "argv": self.argv,
+        }
+
+    @classmethod
+    def from_record(cls, record: dict) -> Image:
+        """Raises ContractError, KeyError or TypeError for a record that is not one."""
+        spec = decode(ImageSpec, record["spec"], "container.json spec")
+        return cls(spec, str(record["dir"]), list(record["mounts"]), list(record["argv"]))
 
 
 class Roots:
@@ -153,16 +166,12 @@ class Roots:
         self.busybox = busybox
         self.log = log
 
-    def prepare(self, spec: dict, hostname: str, verb: str, check: Callable[[], None]) -> Image:
-        """Download and prepare an image; ``check`` raises to abandon it half way."""
-        digest, fmt, sha = spec.get("digest"), spec.get("format"), spec.get("sha256")
-        size, url = spec.get("size"), spec.get("url")
-        if not (isinstance(digest, str) and isinstance(url, str) and fmt in FORMATS):
-            raise PullError("bad image spec: needs digest, url and format squashfs or tar")
-        if not (isinstance(sha, str) and re.fullmatch(r"[0-9a-fA-F]{64}", sha)):
-            raise PullError("bad image spec: sha256 is not 64 hex digits")
-        if not (size is None or isinstance(size, int)):
-            raise PullError("bad image spec: size is not an integer")
+    def prepare(
+        self, spec: ImageSpec, hostname: str, verb: str, check: Callable[[], None]
+    ) -> Image:
+        """Download and prepare an image (the contract checked the spec's fields);
+        ``check`` raises to abandon it half way."""
+        digest, fmt, sha, size, url = spec.digest, spec.format, spec.sha256, spec.size, spec.url
         mb = f"{size / 1e6:.1f} MB" if size is not None else "size unknown"
         self.log(f"image {label(spec)} {verb} ({mb})")
         os.makedirs(self.dir, exist_ok=True)
@@ -217,11 +226,11 @@ class Roots:
     def _command(self, image: Image, hostname: str) -> list[str]:
         """env -i + nsenter --root/--wd + the command: what the shim runs, chrooted."""
         spec, root = image.spec, image.root
-        cfg = spec.get("config") or {}
-        if spec.get("systemd"):
+        cfg = spec.config
+        if spec.systemd:
             cmd = ["/sbin/init"]
-        elif spec.get("command"):
-            cmd = list(spec["command"])
+        elif spec.command:
+            cmd = list(spec.command)
         else:
             cmd = list(cfg.get("Entrypoint") or []) + list(cfg.get("Cmd") or [])
         if not cmd or not all(isinstance(a, str) for a in cmd):

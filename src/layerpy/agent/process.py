@@ -245,7 +245,7 @@ class Container:
         try:
             with open(self.record_path, encoding="utf-8") as f:
                 rec = json.load(f)
-            image = Image(**rec["image"])
+            image = Image.from_record(rec["image"])
             proc = Proc(int(rec["pid"]), int(rec["start"]))
         except (OSError, ValueError, TypeError, KeyError):
             image = None
@@ -266,7 +266,7 @@ class Container:
         image = self.image
         if image is None:
             return
-        systemd = bool(image.spec.get("systemd"))
+        systemd = image.spec.systemd
         mode = "systemd" if systemd else "run"
         argv = [self.busybox, "unshare", "-m", "-p", "-u", "-i", "-f", "--propagation", "private"]
         argv += ["--", self.busybox, "sh", "-c", SHIM, MARKER, self.busybox, image.root]
@@ -281,7 +281,7 @@ class Container:
             if not systemd:  # prefix each line; a separate process, so it outlives the agent
                 r, out = os.pipe()
                 fds += [r, out]
-                awk = [self.busybox, "awk", "-v", f"p=[{image.spec.get('name')}] "]
+                awk = [self.busybox, "awk", "-v", f"p=[{image.spec.name}] "]
                 self._loggers.append(
                     subprocess.Popen(
                         [*awk, "{ print p $0; fflush() }"],
@@ -316,7 +316,7 @@ class Container:
             return
         t0 = time.monotonic()
         deadline = t0 + self.stop_timeout
-        systemd = bool(self.image.spec.get("systemd"))
+        systemd = self.image.spec.systemd
         while proc.exited() is None and time.monotonic() < deadline:
             init = proc.init_pid()
             # systemd halts on SIGRTMIN+3; the shim (also before it execs systemd) on SIGTERM

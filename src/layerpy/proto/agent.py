@@ -248,7 +248,7 @@ class Report:
     token: str = _field(_token)
     mac: str = _field(_mac)
     ip: str = _field(_ip)
-    boot_id: str = _field(_pattern(re.compile(r"[0-9a-f-]{1,64}"), "a boot id"))
+    boot_id: str = _field(_pattern(re.compile(r"[0-9a-f-]{0,64}"), "a boot id"))
     seq: int = _field(_integer)
     event: Event = _field(_choice(Event))
     hostname: str | None = _field(_optional(_text), None)
