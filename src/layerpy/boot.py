@@ -1,7 +1,7 @@
 """Boot policy: *what* each machine gets, kept apart from *how* the protocols carry it.
 
 DHCP asks :meth:`BootPolicy.verdict` what a request deserves (a pure reading of the node
-file, the inventory and the discovery pool), lets the protocol core in
+file, the node store and the discovery pool), lets the protocol core in
 :mod:`layerpy.proto.dhcp_server` decide the reply, and then calls :meth:`BootPolicy.apply`
 with the core's effects: observations and lease changes are written there and only there.
 HTTP asks :meth:`BootPolicy.script`. Neither service knows node files, firmware or tokens.
@@ -10,14 +10,14 @@ HTTP asks :meth:`BootPolicy.script`. Neither service knows node files, firmware 
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from ipaddress import IPv4Address
 
 from layerpy.config import Config
-from layerpy.inventory import DISCOVERY, Inventory
-from layerpy.model import Node, RunState
+from layerpy.model import Node, Phase
+from layerpy.nodes import DISCOVERY, NodeStore
+from layerpy.proto.agent import Cmdline
 from layerpy.proto.dhcp import DISCOVER, OPT_VENDOR_CLASS, DhcpPacket, Offer
 from layerpy.proto.dhcp_server import Action, Effect, Grant
 from layerpy.proto.leases import BOUND, Lease, LeaseTable
@@ -59,15 +59,15 @@ class Verdict:
 
 
 class BootPolicy:
-    def __init__(self, inventory: Inventory) -> None:
-        self.inventory = inventory
+    def __init__(self, nodes: NodeStore) -> None:
+        self.nodes = nodes
         self._leases: LeaseTable | None = None
         self._leases = self._pool_table()
 
     @property
     def config(self) -> Config:
         """Always the node file in force (it changes on reload)."""
-        return self.inventory.config
+        return self.nodes.config
 
     @property
     def base_url(self) -> str:
@@ -92,7 +92,7 @@ class BootPolicy:
         if old is not None and old.range == network.pool:
             return old
         records = old.records() if old is not None else []
-        return LeaseTable.from_records(*network.pool, records, clock=self.inventory.clock)
+        return LeaseTable.from_records(*network.pool, records, clock=self.nodes.clock)
 
     def verdict(self, request: DhcpPacket) -> Verdict:
         """What this request deserves; nothing is written here (see apply())."""
@@ -100,7 +100,7 @@ class BootPolicy:
         vendor = request.options.get(OPT_VENDOR_CLASS, b"").decode("ascii", "replace") or None
         location = self._relay_location(request)
         located = self._node_at(mac, location) if location is not None else None
-        node = located or self.inventory.by_mac(mac)
+        node = located or self.nodes.by_mac(mac)
         if node is not None:
             grant: Grant | None = Grant(self._offer_for(node, firmware))
             why = node.name
@@ -111,15 +111,15 @@ class BootPolicy:
 
     def apply(self, verdict: Verdict, effects: Iterable[Effect]) -> None:
         """Write what a request showed, then what the answer to it committed."""
-        inventory = self.inventory
+        nodes = self.nodes
         if verdict.location is not None:
-            inventory.locate(verdict.mac, verdict.location, "dhcp-option-82")
+            nodes.locate(verdict.mac, verdict.location, "dhcp-option-82")
         if verdict.node is None:
-            inventory.saw_unknown(verdict.mac, verdict.firmware, verdict.vendor_class)
+            nodes.saw_unknown(verdict.mac, verdict.firmware, verdict.vendor_class)
         else:
-            inventory.saw_mac(verdict.node, verdict.mac)
+            nodes.saw_mac(verdict.node, verdict.mac)
             if verdict.boot_request:
-                inventory.saw_boot_request(verdict.node, verdict.firmware)
+                nodes.saw_boot_request(verdict.node, verdict.firmware)
         for effect in effects:
             self._apply(verdict, effect)
 
@@ -127,7 +127,7 @@ class BootPolicy:
         """One effect of a decision: a boot phase, or a change to the discovery pool."""
         if effect.action is Action.ACKED:
             if verdict.node is not None and verdict.firmware != "os":
-                self.inventory.mark(verdict.node, "dhcp_ack")
+                self.nodes.mark(verdict.node, Phase.DHCP_ACK)
             return
         table = self._leases
         if not effect.pooled or table is None:
@@ -173,18 +173,13 @@ class BootPolicy:
         return switch, relay[1].decode(errors="replace")
 
     def _node_at(self, mac: str, location: tuple[str, str]) -> Node | None:
-        """The node Inventory.locate() will say this MAC is at this port, without binding:
-        the node configured there, unless another machine alive there keeps it.
-
-        A read-only stand-in (a scan of the nodes) until the node store offers this lookup."""
-        node = next(
-            (n for n in self.inventory.nodes.values() if n.config.location == location), None
-        )
+        """The node NodeStore.locate() will say this MAC is at this port, without binding:
+        the node configured there, unless another machine alive there keeps it."""
+        node = self.nodes.at(location)
         if node is None:
             return None
-        current = self.inventory.mac_of(node)
-        alive = node.run_state in (RunState.INIT, RunState.READY) and node.mac == current
-        return None if current not in (None, mac) and alive else node
+        current = self.nodes.mac_of(node)
+        return None if current not in (None, mac) and self.nodes.alive(node) else node
 
     def _discovery(self, request: DhcpPacket, firmware: str) -> tuple[Grant | None, str]:
         """A machine no node claims (yet) boots the minOS from the pool, so its agent can
@@ -219,11 +214,10 @@ class BootPolicy:
         lease = self._leases.lease_of(mac) if self._leases is not None else None
         return lease.address if lease is not None else None
 
-    def discovery_script(self, mac: str) -> str:
-        machine = self.inventory.unknown.get(mac)
-        assert machine is not None
-        machine.token = secrets.token_urlsafe(18)
-        return self._script(DISCOVERY, machine.token, mac)
+    def discovery_script(self, mac: str) -> str | None:
+        """The minOS for a machine no node claims yet (None: not one we know)."""
+        token = self.nodes.discovery_token(mac)
+        return None if token is None else self._script(DISCOVERY, token, mac)
 
     def _offer_for(self, node: Node, firmware: str) -> Offer:
         server, network, ipxe = self.config.server, self.config.network, self.config.ipxe
@@ -250,21 +244,13 @@ class BootPolicy:
 
     def script(self, node: Node) -> str:
         """The iPXE script that loads the minOS with this boot's token."""
-        token = self.inventory.issue_token(node)
+        token = self.nodes.issue_token(node)
         return self._script(node.name, token, node.mac or node.config.mac or "")
 
     def _script(self, name: str, token: str, mac: str) -> str:
-        minos = self.config.minos
-        args = [
-            "initrd=minos",
-            minos.cmdline,
-            f"layerpy.server={self.base_url}",
-            f"layerpy.node={name}",
-            f"layerpy.token={token}",
-            f"layerpy.heartbeat={self.config.server.heartbeat:g}",
-            "BOOTIF=01-" + mac.replace(":", "-"),
-        ]
-        cmdline = " ".join(arg for arg in args if arg)
+        layerpy = Cmdline(self.base_url, name, token, mac, self.config.server.heartbeat)
+        cmdline = " ".join(arg for arg in ("initrd=minos", self.config.minos.cmdline) if arg)
+        cmdline += " " + layerpy.format()
         return (
             "#!ipxe\n"
             f"echo layerpy: booting {name} into the minOS\n"
@@ -276,6 +262,6 @@ class BootPolicy:
     def node_for_fetch(self, remote: str) -> Node | None:
         """The node a boot-file request comes from, known by its address."""
         try:
-            return self.inventory.by_ip(IPv4Address(remote))
+            return self.nodes.by_ip(IPv4Address(remote))
         except ValueError:
             return None

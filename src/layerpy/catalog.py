@@ -2,7 +2,8 @@
 
 A name resolves to the digest of its last successful pull. When a new pull fails (a
 missing tag, a corrupt blob, a registry that is away), the name keeps its previous digest
-and carries the reason, so nodes stay on the image they run.
+and carries the reason, so nodes stay on the image they run. A new digest is published on
+the change feed (kind ``image``), for whoever decides which node runs what.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 
 from layerpy.config import Config, ImageConfig
 from layerpy.images import Image, ImageError, ImageStore
+from layerpy.nodes.feed import ChangeFeed
+from layerpy.proto.agent import ImageSpec
 
 log = logging.getLogger("layerpy.images")
 
@@ -42,25 +45,26 @@ class Entry:
 
 
 class Catalog:
-    def __init__(self, store: ImageStore) -> None:
+    def __init__(self, store: ImageStore, feed: ChangeFeed) -> None:
         self.store = store
+        self.feed = feed
         self.entries: dict[str, Entry] = {}
         self._pulls: set[asyncio.Task[None]] = set()
 
-    def sync(self, config: Config, on_ready: Any = None) -> None:
+    def sync(self, config: Config) -> None:
         """Pull every image of the node file in the background (again after a reload,
-        so a moved tag is noticed); ``on_ready(name)`` runs when one has a digest."""
+        so a moved tag is noticed)."""
         previous = self.entries
         self.entries = {}
         for name, image_config in config.images.items():
             old = previous.get(name)
             image = old.image if old else self.store.named(name)
             self.entries[name] = Entry(image_config, image)
-            task = asyncio.create_task(self._pull(name, on_ready))
+            task = asyncio.create_task(self._pull(name))
             self._pulls.add(task)
             task.add_done_callback(self._pulls.discard)
 
-    async def _pull(self, name: str, on_ready: Any) -> None:
+    async def _pull(self, name: str) -> None:
         entry = self.entries[name]
         source = entry.config.source
         log.info("%s: pulling %s", name, source)
@@ -80,8 +84,8 @@ class Catalog:
         entry.image, entry.state, entry.error = image, "ready", None
         log.info("%s: %s ready (%d layers, %.1f s)", name, image.digest[:19], image.layers,
                  image.seconds)  # fmt: skip
-        if changed and on_ready is not None:
-            on_ready(name)
+        if changed:
+            self.feed.publish("", "image", {"image": name, "digest": image.digest})
 
     def current(self, name: str) -> Image:
         """The image a node wanting `name` should run; ImageError says why there is none."""
@@ -96,21 +100,22 @@ class Catalog:
         entry = self.entries.get(name or "")
         return entry.image.digest if entry and entry.image else None
 
-    def spec(self, name: str, digest: str, base_url: str) -> dict[str, Any] | None:
-        """What the agent is told to run (see ``layerpy.agent.container``)."""
+    def spec(self, name: str, digest: str, base_url: str) -> ImageSpec | None:
+        """What the agent is told to run."""
         image = self.store.get(digest)
         entry = self.entries.get(name)
         if image is None or entry is None:
             return None
         squashfs = image.squashfs is not None
-        return {
-            "name": name,
-            "digest": digest,
-            "url": f"{base_url}/images/{digest}/{'rootfs.squashfs' if squashfs else 'rootfs.tar'}",
-            "format": "squashfs" if squashfs else "tar",
-            "sha256": image.squashfs_sha256 if squashfs else image.rootfs_sha256,
-            "size": image.squashfs_size if squashfs else image.rootfs_size,
-            "config": image.config,
-            "systemd": entry.config.systemd,
-            "command": list(entry.config.command) if entry.config.command else None,
-        }
+        fmt = "squashfs" if squashfs else "tar"
+        return ImageSpec(
+            name=name,
+            digest=digest,
+            url=f"{base_url}/images/{digest}/rootfs.{fmt}",
+            format=fmt,
+            sha256=image.squashfs_sha256 if squashfs else image.rootfs_sha256,
+            size=image.squashfs_size if squashfs else image.rootfs_size,
+            config=image.config,
+            systemd=entry.config.systemd,
+            command=entry.config.command,
+        )

@@ -1,4 +1,5 @@
-"""Node records: what the file wants (``NodeConfig``) beside what was observed."""
+"""The vocabulary, defined once: node states and boot phases, and the record of what was
+observed of a node. The mutation table, the API, the CLI and the docs use these names."""
 
 from __future__ import annotations
 
@@ -6,11 +7,29 @@ import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 from ipaddress import IPv4Address
+from typing import Any
 
 from layerpy.config import NodeConfig
+from layerpy.proto.agent import ImageState
+
+__all__ = ["Boot", "Busy", "ImageState", "Node", "Phase", "PowerState", "RunState"]
+
+
+class PowerState(StrEnum):
+    """From BMC polls; ``hang`` is the engine's conclusion about a node that is on but
+    neither booting nor reporting."""
+
+    UNKNOWN = "unknown"
+    OFF = "off"
+    ON = "on"
+    HANG = "hang"
+    ERROR = "error"
 
 
 class RunState(StrEnum):
+    """From the boot services and agent reports: DHCP from boot firmware starts a boot,
+    the agent's hello makes it init, its reports ready, missed reports lost."""
+
     UNKNOWN = "unknown"
     BOOTING = "booting"
     INIT = "init"
@@ -19,17 +38,26 @@ class RunState(StrEnum):
     ERROR = "error"
 
 
-# The phases of one boot, in the order a PXE boot passes them.
-PHASES = (
-    "dhcp_discover",
-    "dhcp_ack",
-    "tftp",
-    "script",
-    "kernel",
-    "initrd",
-    "agent_hello",
-    "ready",
-)
+class Busy(StrEnum):
+    """From agent reports: a job on the node marks it busy, and busy nodes are drained
+    before anything disruptive."""
+
+    UNKNOWN = "unknown"
+    FREE = "free"
+    BUSY = "busy"
+
+
+class Phase(StrEnum):
+    """The phases of one boot, in the order a PXE boot passes them."""
+
+    DHCP_DISCOVER = "dhcp_discover"
+    DHCP_ACK = "dhcp_ack"
+    TFTP = "tftp"
+    SCRIPT = "script"
+    KERNEL = "kernel"
+    INITRD = "initrd"
+    AGENT_HELLO = "agent_hello"
+    READY = "ready"
 
 
 @dataclass
@@ -37,50 +65,56 @@ class Boot:
     """One boot of a node: when each phase was first seen (wall clock seconds)."""
 
     started: float = field(default_factory=time.time)
-    phases: dict[str, float] = field(default_factory=dict)
-    token: str | None = None
+    phases: dict[Phase, float] = field(default_factory=dict)
+    token: str | None = field(default=None, repr=False)
     boot_id: str | None = None
     firmware: str | None = None
 
-    def mark(self, phase: str, when: float | None = None) -> bool:
-        """Record a phase once; return True the first time."""
+    def mark(self, phase: Phase, when: float) -> bool:
+        """Record a phase once; True the first time."""
         if phase in self.phases:
             return False
-        self.phases[phase] = when if when is not None else time.time()
+        self.phases[phase] = when
         return True
 
     def timeline(self) -> dict[str, float]:
         """Seconds since the start of the boot for every phase seen so far."""
         ordered = sorted(self.phases.items(), key=lambda item: item[1])
-        return {phase: round(when - self.started, 3) for phase, when in ordered}
+        return {str(phase): round(when - self.started, 3) for phase, when in ordered}
 
 
 @dataclass
 class Node:
+    """What the file wants of a node (``config``) beside what was observed of it. Only the
+    node store (``layerpy.nodes``) assigns the observed fields."""
+
     config: NodeConfig
+    power: PowerState = PowerState.UNKNOWN
+    power_error: str | None = None  # the BMC's last failure, until it answers again
     run_state: RunState = RunState.UNKNOWN
+    busy: Busy = Busy.UNKNOWN
+    image_state: ImageState = ImageState.UNKNOWN  # as the agent reports it
+    image_digest: str | None = None
+    image_error: str | None = None
     mac: str | None = None
     ip: IPv4Address | None = None
     hostname: str | None = None
-    busy: str = "unknown"
-    power: str = "unknown"
-    image_state: str = "unknown"  # as the agent reports it
-    image_digest: str | None = None
-    image_error: str | None = None
-    location: dict[str, object] | None = None  # the last evidence of where it is plugged in
+    location: dict[str, Any] | None = None  # the last evidence of where it is plugged in
     conflict: str | None = None
     conflict_at: float | None = None  # when the other machine last claimed the location
+    problem: str | None = None  # what its agent gets wrong (e.g. another protocol version)
     last_report: float | None = None
     boot: Boot | None = None
     boots: int = 0
-    agent: dict[str, object] = field(default_factory=dict)
+    agent: dict[str, Any] = field(default_factory=dict)  # uptime, seq, version, timeline
 
     @property
     def name(self) -> str:
         return self.config.name
 
-    def as_json(self) -> dict[str, object]:
+    def as_json(self) -> dict[str, Any]:
         boot = self.boot
+        timeline = {} if boot is None else boot.timeline()
         return {
             "name": self.name,
             "mac": self.mac or self.config.mac,
@@ -88,8 +122,10 @@ class Node:
             "hostname": self.hostname,
             "busy": self.busy,
             "power": self.power,
+            "power_error": self.power_error,
             "location": self.location,
             "conflict": self.conflict,
+            "problem": self.problem,
             "image": {
                 "name": self.config.image,
                 "state": self.image_state,
@@ -97,16 +133,17 @@ class Node:
                 "error": self.image_error,
             },
             "group": self.config.group,
-            "run_state": str(self.run_state),
+            "run_state": self.run_state,
             "boots": self.boots,
             "last_report": self.last_report,
+            "agent": self.agent,
             "boot": None
             if boot is None
             else {
                 "started": boot.started,
                 "firmware": boot.firmware,
                 "boot_id": boot.boot_id,
-                "timeline": boot.timeline(),
+                "timeline": timeline,
             },
-            "timeline": {} if boot is None else boot.timeline(),
+            "timeline": timeline,
         }

@@ -1,4 +1,9 @@
-"""``layerpy serve``: wires config, inventory, policy and the boot services in one loop."""
+"""``layerpy serve``: wires config, node store, lifecycle and the boot services in one loop.
+
+Config flows down from here: the node store records what is observed, the catalog keeps
+images pulled, the lifecycle drives the engine; the services only move bytes between the
+network and those. They meet again only on the store's change feed.
+"""
 
 from __future__ import annotations
 
@@ -15,8 +20,9 @@ from layerpy.boot import BootPolicy
 from layerpy.catalog import Catalog
 from layerpy.config import Config, ConfigError, ReloadRefused, load
 from layerpy.images import ImageStore
-from layerpy.inventory import Inventory
 from layerpy.lifecycle import Lifecycle
+from layerpy.model import Phase
+from layerpy.nodes import NodeStore
 from layerpy.services.dhcp import start_dhcp
 from layerpy.services.http import build_app
 from layerpy.services.tftp import TftpEvent, start_tftp
@@ -30,16 +36,16 @@ class Server:
         self.state_dir = state_dir
         config = self._with_overrides(config)
         self.stats = Stats()
-        self.inventory = Inventory(config)
-        self.policy = BootPolicy(self.inventory)
-        self.catalog = Catalog(ImageStore(config.server.state_dir / "images"))
-        self.lifecycle = Lifecycle(self.inventory, self.catalog, config.server.power_poll)
+        self.nodes = NodeStore(config)
+        self.policy = BootPolicy(self.nodes)
+        self.catalog = Catalog(ImageStore(config.server.state_dir / "images"), self.nodes.feed)
+        self.lifecycle = Lifecycle(self.nodes, self.catalog, config.server.power_poll)
         self._closers: list[object] = []
         self._runner: web.AppRunner | None = None
 
     @property
     def config(self) -> Config:
-        return self.inventory.config
+        return self.nodes.config
 
     def _with_overrides(self, config: Config) -> Config:
         if self.state_dir is None:
@@ -58,8 +64,8 @@ class Server:
             problem = f"{config.path}: [server] changed; restart layerpy serve to apply it"
             log.error("reload refused, the running configuration stays: %s", problem)
             raise ReloadRefused([problem])
-        added, removed, changed = self.inventory.apply(config)
-        self.catalog.sync(config, self.lifecycle.image_ready)
+        added, removed, changed = self.nodes.apply(config)
+        self.catalog.sync(config)
         await self.lifecycle.applied(config, added, removed, changed)
         log.info(
             "reloaded %s: %d nodes, added %s, removed %s, changed %s", config.path,
@@ -69,7 +75,7 @@ class Server:
 
     async def start(self) -> None:
         server = self.config.server
-        self.catalog.sync(self.config, self.lifecycle.image_ready)
+        self.catalog.sync(self.config)
         app = build_app(
             self.policy,
             self.stats,
@@ -113,22 +119,21 @@ class Server:
             self.stats.observe("tftp", "read", event.seconds, ok=ok, size=event.bytes)
         elif event.kind in ("denied", "malformed"):
             self.stats.count("tftp", event.kind, ok=False)
-        node = self.inventory.by_ip(event.client)
+        node = self.nodes.by_ip(event.client)
         if node is not None and event.kind == "done":
-            self.inventory.mark(node, "tftp")
+            self.nodes.mark(node, Phase.TFTP)
 
     async def watch(self) -> None:
-        """Continuous work: the engine, BMC polls, and nodes that stop reporting."""
+        """Continuous work: the lifecycle, and nodes that stop reporting."""
         async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(self.lifecycle.engine.run())
-            tasks.create_task(self.lifecycle.watch())
+            tasks.create_task(self.lifecycle.run())
             tasks.create_task(self._check_lost())
 
     async def _check_lost(self) -> None:
         interval = max(0.5, self.config.server.heartbeat / 2)
         while True:
             await asyncio.sleep(interval)
-            self.inventory.check_lost()
+            self.nodes.check_lost()
 
     async def close(self) -> None:
         for closer in reversed(self._closers):

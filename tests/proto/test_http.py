@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from layerpy.proto.agent import PROTOCOL, Answer, encode
+
 from netns import Netns
 
 LAYERPY = Path(sys.executable).parent / "layerpy"
@@ -54,8 +56,8 @@ def report(ns: Netns, **fields: object) -> tuple[int, dict]:
         "boot_id": "b1",
         "seq": 1,
         "event": "hello",
-        "run_state": "ready",
         "busy": False,
+        "protocol": PROTOCOL,
     } | fields
     code, text = curl(
         ns,
@@ -95,7 +97,8 @@ def test_kernel_initrd_and_timeline(host: Netns, tmp_path: Path) -> None:
         assert code == 200 and body == (tmp_path / path).read_text()
     code, partial = curl(host, "-r", "0-6", f"{BASE}/minos/kernel")
     assert code == 206 and partial == "vmlinuz"
-    assert report(host, token=token) == (200, {"heartbeat": 2.0, "node": "cn001", "image": None})
+    answer = Answer(node="cn001", heartbeat=2.0)
+    assert report(host, token=token) == (200, encode(answer))
     assert report(host, token=token, event="heartbeat", seq=2)[0] == 200
     node = json.loads(curl(host, f"{BASE}/api/v1/nodes/cn001")[1])
     assert node["run_state"] == "ready"
@@ -108,9 +111,11 @@ def test_bad_reports_are_refused_and_counted(host: Netns) -> None:
     code, body = curl(host, "-X", "POST", "--data", "{not json", f"{BASE}/api/v1/agent/report")
     assert code == 400 and "must be JSON" in body
     code, body = curl(host, "-X", "POST", "--data", '{"node": 1}', f"{BASE}/api/v1/agent/report")
-    assert code == 400 and "'node' is missing or not str" in body
+    assert code == 400 and "protocol None, this side 1.0" in body
+    code, body = report(host, token="forged", mac="52:54:00:99:00:11\nchain //evil/x")
+    assert code == 400 and "report.mac is not a MAC address" in body["error"]
     stats = json.loads(curl(host, f"{BASE}/api/v1/stats")[1])["http"]
-    assert stats["POST /api/v1/agent/report"]["failures"] == 3
+    assert stats["POST /api/v1/agent/report"]["failures"] == 4
     assert "layerpy_failures_total" in curl(host, f"{BASE}/metrics")[1]
     nodes = json.loads(curl(host, f"{BASE}/api/v1/nodes")[1])
     assert [n["run_state"] for n in nodes] == ["booting", "unknown"]

@@ -10,8 +10,8 @@ import pytest
 
 from layerpy.boot import DISCOVERY_LEASE, BootPolicy, firmware_of
 from layerpy.config import load
-from layerpy.inventory import Inventory
 from layerpy.model import RunState
+from layerpy.nodes import NodeStore
 from layerpy.proto import dhcp
 from layerpy.proto.leases import BOUND, DECLINED, OFFERED, QUARANTINE
 from layerpy.services.dhcp import DhcpService
@@ -53,7 +53,7 @@ ON_SWP3 = {"o82": b"\x01\x04swp3"}  # option 82, circuit id "swp3", as dhcrelay 
 
 
 def make_service(config, clock: Clock | None = None) -> DhcpService:
-    policy = BootPolicy(Inventory(config, clock=clock or Clock()))
+    policy = BootPolicy(NodeStore(config, clock=clock or Clock()))
     return DhcpService(policy, SERVER, Stats(), log_requests=False)
 
 
@@ -106,7 +106,7 @@ def test_offer_per_firmware(service, options, firmware, bootfile, next_server) -
     if firmware in ("bios", "uefi"):  # PXE: vendor class echoed, and "boot this file"
         assert offer.options[dhcp.OPT_VENDOR_CLASS] == b"PXEClient"
         assert offer.options[dhcp.OPT_VENDOR_SPECIFIC] == bytes((6, 1, 8, 255))
-    node = service.policy.inventory.nodes["cn001"]
+    node = service.policy.nodes.nodes["cn001"]
     assert node.run_state is (RunState.UNKNOWN if firmware == "os" else RunState.BOOTING)
     assert node.mac == KNOWN
 
@@ -116,14 +116,14 @@ def test_request_for_the_right_address_is_acked_and_timed(service) -> None:
         service, request(dhcp.REQUEST, o50=bytes([10, 99, 0, 11]), o54=SERVER.packed, **IPXE)
     )
     assert ack.message_type == dhcp.ACK
-    assert "dhcp_ack" in service.policy.inventory.nodes["cn001"].boot.phases
+    assert "dhcp_ack" in service.policy.nodes.nodes["cn001"].boot.phases
 
 
 def test_an_os_ack_is_not_a_boot_phase(service) -> None:
     assert (
         answer(service, request(dhcp.REQUEST, o50=bytes([10, 99, 0, 11]))).message_type == dhcp.ACK
     )
-    assert service.policy.inventory.nodes["cn001"].boot is None
+    assert service.policy.nodes.nodes["cn001"].boot is None
 
 
 def test_request_for_another_address_is_nakked(service) -> None:
@@ -147,7 +147,7 @@ def test_request_to_another_server_is_ignored(service) -> None:
 
 def test_unknown_machine_gets_nothing_without_discovery(service) -> None:
     assert answer(service, request(dhcp.DISCOVER, mac=STRANGER, **BIOS)) is None
-    assert list(service.policy.inventory.unknown) == [STRANGER]
+    assert list(service.policy.nodes.unknown) == [STRANGER]
     assert service.policy.leases is None
 
 
@@ -157,14 +157,14 @@ def test_release_and_decline_of_a_fixed_address_keep_it(service) -> None:
     assert answer(service, request(dhcp.DISCOVER)).yiaddr == IPv4Address("10.99.0.11")
 
 
-def snapshot(inventory: Inventory):
+def snapshot(inventory: NodeStore):
     """Everything a DHCP request may change in the inventory, as comparable values."""
     nodes = {
         n.name: (n.mac, n.run_state, copy.deepcopy(n.boot), n.location)
         for n in inventory.nodes.values()
     }
-    unknown = {m: copy.copy(u.__dict__) for m, u in inventory.unknown.items()}
-    return nodes, unknown, dict(inventory.bindings), list(inventory.events)
+    unknown = {m: copy.copy(u.__dict__) for m, u in inventory.unknown.machines.items()}
+    return nodes, unknown, dict(inventory.identities.bindings), inventory.feed.seq
 
 
 @pytest.mark.parametrize(
@@ -176,12 +176,12 @@ def test_a_verdict_writes_nothing_and_apply_writes_it(make_config, mac, extra) -
     service = make_service(with_discovery(make_config, LOCATED))
     policy = service.policy
     discover = request(dhcp.DISCOVER, mac=mac, giaddr=RELAY if "o82" in extra else ZERO, **extra)
-    before, leases = snapshot(policy.inventory), policy.leases.records()
+    before, leases = snapshot(policy.nodes), policy.leases.records()
     verdict = policy.verdict(discover)
     assert verdict.grant is not None
-    assert snapshot(policy.inventory) == before and policy.leases.records() == leases
+    assert snapshot(policy.nodes) == before and policy.leases.records() == leases
     policy.apply(verdict, ())
-    assert snapshot(policy.inventory) != before
+    assert snapshot(policy.nodes) != before
 
 
 def test_relay_names_the_node_by_its_port(make_config) -> None:
@@ -193,14 +193,14 @@ def test_relay_names_the_node_by_its_port(make_config) -> None:
     assert decision.reply.yiaddr == IPv4Address("10.99.0.13")
     assert decision.destination == ("10.99.0.254", 67)
     assert decision.reply.options[dhcp.OPT_RELAY_AGENT] == b"\x01\x04swp3"
-    inventory = service.policy.inventory
+    inventory = service.policy.nodes
     assert inventory.by_mac(mac).name == "cn003"
     assert inventory.nodes["cn003"].location["source"] == "dhcp-option-82"
 
 
 def test_a_port_held_by_a_live_machine_is_not_given_away(make_config) -> None:
     service = make_service(with_discovery(make_config, LOCATED))
-    inventory = service.policy.inventory
+    inventory = service.policy.nodes
     node = inventory.locate("52:54:00:aa:00:01", ("sw1", "swp3"), "lldp")
     node.run_state = RunState.READY  # alive: its agent reports
     newcomer = request(dhcp.DISCOVER, mac="52:54:00:aa:00:02", giaddr=RELAY, **BIOS, **ON_SWP3)
@@ -301,7 +301,7 @@ def test_the_pool_follows_a_reload_and_keeps_its_leases(discovery, make_config) 
     )
     config = with_discovery(make_config)
     config.path.write_text(config.path.read_text().replace("200-10.99.0.250", "200-10.99.0.210"))
-    policy.inventory.apply(load(config.path))
+    policy.nodes.apply(load(config.path))
     assert policy.leases.range[1] == IPv4Address("10.99.0.250")  # not before the explicit tick
     policy.tick()
     assert policy.leases.range == (IPv4Address("10.99.0.200"), IPv4Address("10.99.0.210"))

@@ -46,6 +46,7 @@ class Mutation:
     forgets: tuple[str, ...] = ()
     action: str | None = None
     cost: float = 1.0
+    doc: str = ""  # what is waited for, when there is no action to name
 
     def __post_init__(self) -> None:
         # Plain sets, lists or a single value are accepted; stored frozen.

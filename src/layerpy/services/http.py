@@ -14,7 +14,9 @@ from layerpy import hostlist
 from layerpy.boot import BootPolicy
 from layerpy.catalog import Catalog
 from layerpy.config import ReloadRefused
-from layerpy.inventory import Inventory, ReportRejected
+from layerpy.model import Phase
+from layerpy.nodes import DISCOVERY, NodeStore, ReportRejected
+from layerpy.proto.agent import REPORT_PATH, Answer, ImageSpec, encode
 from layerpy.stats import Stats
 
 log = logging.getLogger("layerpy.http")
@@ -32,10 +34,11 @@ class PowerControl(Protocol):
     def status(self, name: str) -> dict[str, Any]: ...
     def plan(self, name: str) -> dict[str, Any]: ...
     def explain(self, name: str) -> dict[str, Any]: ...
+    def image_spec(self, name: str) -> ImageSpec | None: ...
 
 
 POLICY: web.AppKey[BootPolicy] = web.AppKey("policy", BootPolicy)
-INVENTORY: web.AppKey[Inventory] = web.AppKey("inventory", Inventory)
+NODES: web.AppKey[NodeStore] = web.AppKey("nodes", NodeStore)
 STATS: web.AppKey[Stats] = web.AppKey("stats", Stats)
 LOG_REQUESTS: web.AppKey[bool] = web.AppKey("log_requests", bool)
 RELOAD: web.AppKey[Callable[[], Awaitable[dict[str, list[str]]]]] = web.AppKey("reload")
@@ -58,7 +61,7 @@ def build_app(
     app[RELOAD] = reload
     app[POWER] = power
     app[POLICY] = policy
-    app[INVENTORY] = policy.inventory
+    app[NODES] = policy.nodes
     app[STATS] = stats
     app[LOG_REQUESTS] = log_requests
     app.add_routes(
@@ -67,7 +70,7 @@ def build_app(
             web.get("/boot/discover/{mac}.ipxe", discovery_script),
             web.get("/minos/kernel", minos_file),
             web.get("/minos/initrd", minos_file),
-            web.post("/api/v1/agent/report", agent_report),
+            web.post(REPORT_PATH, agent_report),
             web.get("/api/v1/nodes", list_nodes),
             web.get("/api/v1/nodes/{name}", show_node),
             web.get("/api/v1/unknown", list_unknown),
@@ -117,7 +120,7 @@ async def _profile(request: web.Request, handler: Handler) -> web.StreamResponse
 async def boot_script(request: web.Request) -> web.Response:
     policy = request.app[POLICY]
     name = request.match_info["name"]
-    node = policy.inventory.nodes.get(name)
+    node = policy.nodes.nodes.get(name)
     if node is None:
         raise web.HTTPNotFound(text=f"no node named {name!r}\n")
     if request.remote != str(node.config.ip):
@@ -131,11 +134,13 @@ async def discovery_script(request: web.Request) -> web.Response:
     policy = request.app[POLICY]
     mac = request.match_info["mac"].lower()
     address = policy.discovery_address(mac)
-    if address is None or mac not in policy.inventory.unknown:
+    if address is None or mac not in policy.nodes.unknown:
         raise web.HTTPNotFound(text=f"no discovery boot for {mac}\n")
     if request.remote != str(address):
         raise web.HTTPForbidden(text=f"the discovery boot of {mac} is only for {address}\n")
-    return web.Response(text=policy.discovery_script(mac), content_type="text/plain")
+    script = policy.discovery_script(mac)
+    assert script is not None  # the machine is known, checked above
+    return web.Response(text=script, content_type="text/plain")
 
 
 async def minos_file(request: web.Request) -> web.FileResponse:
@@ -143,7 +148,7 @@ async def minos_file(request: web.Request) -> web.FileResponse:
     which = request.path.rsplit("/", 1)[1]
     node = policy.node_for_fetch(request.remote or "")
     if node is not None:
-        policy.inventory.mark(node, which)
+        policy.nodes.mark(node, Phase(which))
     minos = policy.config.minos
     return web.FileResponse(minos.kernel if which == "kernel" else minos.initrd)
 
@@ -154,11 +159,14 @@ async def agent_report(request: web.Request) -> web.Response:
     except ValueError:
         raise web.HTTPBadRequest(text="report must be JSON\n") from None
     try:
-        desired = request.app[INVENTORY].report(payload)
+        ack = request.app[NODES].report(payload)
     except ReportRejected as rejected:
         log.warning("rejected an agent report from %s: %s", request.remote, rejected.reason)
         return web.json_response({"error": rejected.reason}, status=rejected.status)
-    return web.json_response(desired)
+    nodes = request.app[NODES]
+    image = None if ack.node == DISCOVERY else request.app[POWER].image_spec(ack.node)
+    heartbeat = nodes.config.server.heartbeat
+    return web.json_response(encode(Answer(ack.node, heartbeat, image, ack.identity)))
 
 
 async def reload_config(request: web.Request) -> web.Response:
@@ -206,7 +214,7 @@ async def image_action(request: web.Request) -> web.Response:
 
 async def plan(request: web.Request) -> web.Response:
     power = request.app[POWER]
-    return web.json_response([power.plan(name) for name in request.app[INVENTORY].nodes])
+    return web.json_response([power.plan(name) for name in request.app[NODES].nodes])
 
 
 async def explain(request: web.Request) -> web.Response:
@@ -239,7 +247,7 @@ def _expand_nodes(request: web.Request, expression: str) -> list[str]:
         names = hostlist.expand(expression)
     except hostlist.HostlistError as error:
         raise web.HTTPBadRequest(text=f"{error}\n") from None
-    missing = [name for name in names if name not in request.app[INVENTORY].nodes]
+    missing = [name for name in names if name not in request.app[NODES].nodes]
     if missing:
         shown = ", ".join(missing[:MISSING_SHOWN])
         more = f" and {len(missing) - MISSING_SHOWN} more" if len(missing) > MISSING_SHOWN else ""
@@ -267,24 +275,24 @@ async def list_images(request: web.Request) -> web.Response:
 
 
 async def list_nodes(request: web.Request) -> web.Response:
-    nodes = request.app[INVENTORY].nodes.values()
+    nodes = request.app[NODES].nodes.values()
     return web.json_response([node.as_json() for node in nodes])
 
 
 async def show_node(request: web.Request) -> web.Response:
-    node = request.app[INVENTORY].nodes.get(request.match_info["name"])
+    node = request.app[NODES].nodes.get(request.match_info["name"])
     if node is None:
         raise web.HTTPNotFound(text=f"no node named {request.match_info['name']!r}\n")
     return web.json_response(node.as_json())
 
 
 async def list_unknown(request: web.Request) -> web.Response:
-    machines = request.app[INVENTORY].unknown.values()
+    machines = request.app[NODES].unknown.values()
     return web.json_response([machine.as_json() for machine in machines])
 
 
 async def list_events(request: web.Request) -> web.Response:
-    return web.json_response(list(request.app[INVENTORY].events))
+    return web.json_response(request.app[NODES].feed.events())
 
 
 async def show_stats(request: web.Request) -> web.Response:

@@ -1,11 +1,15 @@
-"""Run state and boot timelines, driven the way the services drive them."""
+"""The node store: run state, boot timelines, identity and the change feed, driven the way
+the services drive them."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from layerpy.inventory import Inventory, ReportRejected
-from layerpy.model import RunState
+from layerpy.model import Phase, PowerState, RunState
+from layerpy.nodes import GAP, Ack, NodeStore, ReportRejected
+from layerpy.proto.agent import PROTOCOL
 
 
 class Clock:
@@ -19,12 +23,12 @@ class Clock:
 @pytest.fixture
 def inventory(make_config):
     clock = Clock()
-    inv = Inventory(make_config(), clock=clock)
+    inv = NodeStore(make_config(), clock=clock)
     inv.test_clock = clock  # type: ignore[attr-defined]
     return inv
 
 
-def report(inv: Inventory, token: str, event: str = "heartbeat", boot_id: str = "b1", **extra):
+def report(inv: NodeStore, token: str, event: str = "heartbeat", boot_id: str = "b1", **extra):
     payload = {
         "node": "cn001",
         "token": token,
@@ -33,31 +37,32 @@ def report(inv: Inventory, token: str, event: str = "heartbeat", boot_id: str = 
         "boot_id": boot_id,
         "seq": 1,
         "event": event,
+        "protocol": PROTOCOL,
         **extra,
     }
     return inv.report(payload)
 
 
-def boot_to_ready(inv: Inventory, firmware: str = "ipxe") -> str:
+def boot_to_ready(inv: NodeStore, firmware: str = "ipxe") -> str:
     node = inv.nodes["cn001"]
     inv.saw_boot_request(node, firmware)
-    inv.mark(node, "dhcp_ack")
+    inv.mark(node, Phase.DHCP_ACK)
     token = inv.issue_token(node)
-    inv.mark(node, "kernel")
-    inv.mark(node, "initrd")
+    inv.mark(node, Phase.KERNEL)
+    inv.mark(node, Phase.INITRD)
     report(inv, token, "hello")
     report(inv, token)
     return token
 
 
-def test_full_boot(inventory: Inventory) -> None:
+def test_full_boot(inventory: NodeStore) -> None:
     node = inventory.nodes["cn001"]
     assert node.run_state is RunState.UNKNOWN
     inventory.saw_boot_request(node, "ipxe")
     assert node.run_state is RunState.BOOTING
     token = inventory.issue_token(node)
     inventory.test_clock.now += 3  # type: ignore[attr-defined]
-    assert report(inventory, token, "hello") == {"heartbeat": 2.0, "node": "cn001"}
+    assert report(inventory, token, "hello") == Ack("cn001")
     assert node.run_state is RunState.INIT
     report(inventory, token)
     assert node.run_state is RunState.READY
@@ -65,7 +70,7 @@ def test_full_boot(inventory: Inventory) -> None:
     assert node.boot.timeline()["agent_hello"] == 3.0
 
 
-def test_lost_after_missed_reports(inventory: Inventory) -> None:
+def test_lost_after_missed_reports(inventory: NodeStore) -> None:
     boot_to_ready(inventory)
     node = inventory.nodes["cn001"]
     inventory.test_clock.now += 5.9  # type: ignore[attr-defined]
@@ -76,7 +81,7 @@ def test_lost_after_missed_reports(inventory: Inventory) -> None:
     assert node.run_state is RunState.LOST
 
 
-def test_reboot_starts_a_new_timeline(inventory: Inventory) -> None:
+def test_reboot_starts_a_new_timeline(inventory: NodeStore) -> None:
     boot_to_ready(inventory)
     node = inventory.nodes["cn001"]
     inventory.saw_boot_request(node, "ipxe")
@@ -85,10 +90,10 @@ def test_reboot_starts_a_new_timeline(inventory: Inventory) -> None:
     assert list(node.boot.timeline()) == ["dhcp_discover"]
 
 
-def test_uefi_pxe_chain_is_one_boot(inventory: Inventory) -> None:
+def test_uefi_pxe_chain_is_one_boot(inventory: NodeStore) -> None:
     node = inventory.nodes["cn001"]
     inventory.saw_boot_request(node, "uefi")
-    inventory.mark(node, "tftp")
+    inventory.mark(node, Phase.TFTP)
     inventory.saw_boot_request(node, "ipxe")  # the chain-loaded iPXE asks again
     assert node.boots == 1
     assert node.boot.firmware == "uefi"
@@ -98,16 +103,18 @@ def test_uefi_pxe_chain_is_one_boot(inventory: Inventory) -> None:
     ("payload", "status", "reason"),
     [
         ([], 400, "must be a JSON object"),
-        ({"node": "cn001"}, 400, "'token' is missing"),
+        ({"node": "cn001", "protocol": PROTOCOL}, 400, "report.token is missing"),
+        ({"node": "cn001"}, 400, "protocol None, this side 1.0"),
         (
             {
                 "node": "nope",
                 "token": "t",
-                "mac": "m",
-                "ip": "i",
+                "mac": "52:54:00:99:00:11",
+                "ip": "10.99.0.11",
                 "boot_id": "b",
                 "seq": 1,
                 "event": "hello",
+                "protocol": PROTOCOL,
             },
             404,
             "no node named 'nope'",
@@ -116,18 +123,19 @@ def test_uefi_pxe_chain_is_one_boot(inventory: Inventory) -> None:
             {
                 "node": "cn001",
                 "token": "wrong",
-                "mac": "m",
-                "ip": "i",
+                "mac": "52:54:00:99:00:11",
+                "ip": "10.99.0.11",
                 "boot_id": "b",
                 "seq": 1,
                 "event": "hello",
+                "protocol": PROTOCOL,
             },
             403,
             "wrong boot token",
         ),
     ],
 )
-def test_rejected_reports(inventory: Inventory, payload, status: int, reason: str) -> None:
+def test_rejected_reports(inventory: NodeStore, payload, status: int, reason: str) -> None:
     boot_to_ready(inventory)
     with pytest.raises(ReportRejected) as rejected:
         inventory.report(payload)
@@ -135,16 +143,16 @@ def test_rejected_reports(inventory: Inventory, payload, status: int, reason: st
     assert reason in rejected.value.reason
 
 
-def test_tokens_survive_a_restart(inventory: Inventory) -> None:
+def test_tokens_survive_a_restart(inventory: NodeStore) -> None:
     token = boot_to_ready(inventory)
-    again = Inventory(inventory.config)
+    again = NodeStore(inventory.config)
     report(again, token)
     assert again.nodes["cn001"].run_state is RunState.INIT
     report(again, token)
     assert again.nodes["cn001"].run_state is RunState.READY
 
 
-def test_new_boot_id_without_dhcp_starts_a_boot(inventory: Inventory) -> None:
+def test_new_boot_id_without_dhcp_starts_a_boot(inventory: NodeStore) -> None:
     token = boot_to_ready(inventory)
     report(inventory, token, "hello", boot_id="b2")
     node = inventory.nodes["cn001"]
@@ -152,13 +160,13 @@ def test_new_boot_id_without_dhcp_starts_a_boot(inventory: Inventory) -> None:
     assert node.run_state is RunState.INIT
 
 
-def test_unknown_machine_is_listed_once(inventory: Inventory) -> None:
+def test_unknown_machine_is_listed_once(inventory: NodeStore) -> None:
     inventory.saw_unknown("52:54:00:00:00:99", "bios", "PXEClient")
     inventory.saw_unknown("52:54:00:00:00:99", "bios", "PXEClient")
     assert inventory.unknown["52:54:00:00:00:99"].requests == 2
 
 
-def test_apply_keeps_observed_state(inventory: Inventory, make_config) -> None:
+def test_apply_keeps_observed_state(inventory: NodeStore, make_config) -> None:
     token = boot_to_ready(inventory)
     inventory.saw_unknown("52:54:00:99:00:77", "bios", None)
     extra = '\n[nodes.cn009]\nip = "10.99.0.19"\nmac = "52:54:00:99:00:77"\n'
@@ -168,7 +176,7 @@ def test_apply_keeps_observed_state(inventory: Inventory, make_config) -> None:
     assert inventory.nodes["cn001"].run_state is RunState.READY
     assert inventory.by_mac("52:54:00:99:00:22").name == "cn002"
     assert inventory.by_mac("52:54:00:99:00:12") is None
-    assert inventory.unknown == {}  # the unknown machine is now known
+    assert list(inventory.unknown) == []  # the unknown machine is now known
     report(inventory, token)  # the boot token still holds
 
 
@@ -176,7 +184,7 @@ LOCATED = '\n[switches.sw1]\nrelay = "10.99.0.254"\n\n[nodes.cn003]\nip = "10.99
 PORT = ("sw1", "swp3")
 
 
-def bound_and_alive(inv: Inventory):
+def bound_and_alive(inv: NodeStore):
     """A machine bound at sw1:swp3 that boots and says hello: cn003, alive."""
     node = inv.locate("52:54:00:aa:00:01", PORT, "lldp")
     inv.saw_boot_request(node, "ipxe")
@@ -190,6 +198,7 @@ def bound_and_alive(inv: Inventory):
             "boot_id": "b",
             "seq": 1,
             "event": "hello",
+            "protocol": PROTOCOL,
         }
     )
     return node
@@ -197,10 +206,10 @@ def bound_and_alive(inv: Inventory):
 
 def test_location_binds_replaces_moves_and_conflicts(make_config) -> None:
     clock = Clock()
-    inv = Inventory(make_config(more=LOCATED), clock=clock)
+    inv = NodeStore(make_config(more=LOCATED), clock=clock)
     node = bound_and_alive(inv)
     assert node.name == "cn003" and inv.by_mac("52:54:00:aa:00:01") is node
-    assert inv.events[-1]["kind"] == "bound"
+    assert inv.feed.events()[-1]["kind"] == "bound"
     assert node.location["port"] == "swp3" and node.location["source"] == "lldp"
     assert inv.locate("52:54:00:aa:00:02", PORT, "lldp") is None
     assert "52:54:00:aa:00:02 claims sw1:swp3, where 52:54:00:aa:00:01 is alive" in node.conflict
@@ -211,17 +220,17 @@ def test_location_binds_replaces_moves_and_conflicts(make_config) -> None:
     inv.check_lost()
     assert inv.locate("52:54:00:aa:00:02", PORT, "dhcp-option-82") is node
     assert (
-        inv.events[-1]["message"]
+        inv.feed.events()[-1]["message"]
         == "hardware replaced at sw1:swp3: 52:54:00:aa:00:01 -> 52:54:00:aa:00:02"
     )
     assert node.conflict is None and inv.by_mac("52:54:00:aa:00:01") is None
     # bindings survive a restart
-    assert Inventory(inv.config).by_mac("52:54:00:aa:00:02").name == "cn003"
+    assert NodeStore(inv.config).by_mac("52:54:00:aa:00:02").name == "cn003"
 
 
 def test_conflict_stays_while_claimed_and_ends_when_the_claims_stop(make_config) -> None:
     clock = Clock()
-    inv = Inventory(make_config(more=LOCATED), clock=clock)
+    inv = NodeStore(make_config(more=LOCATED), clock=clock)
     node = bound_and_alive(inv)
     assert inv.locate("52:54:00:aa:00:02", PORT, "lldp") is None
     clock.now += 2
@@ -234,10 +243,97 @@ def test_conflict_stays_while_claimed_and_ends_when_the_claims_stop(make_config)
 
 def test_a_machine_that_moves_follows_the_port(make_config) -> None:
     extra = '\n[nodes.cn004]\nip = "10.99.0.14"\nlocation = "sw1:swp4"\n'
-    inv = Inventory(make_config(more=LOCATED + extra))
+    inv = NodeStore(make_config(more=LOCATED + extra))
     first = inv.locate("52:54:00:aa:00:01", PORT, "lldp")
     moved = inv.locate("52:54:00:aa:00:01", ("sw1", "swp4"), "lldp")
     assert (first.name, moved.name) == ("cn003", "cn004")
     assert inv.by_mac("52:54:00:aa:00:01") is moved and inv.mac_of(first) is None
-    assert [e["kind"] for e in inv.events] == ["bound", "moved", "bound"]
-    assert inv.events[1]["message"] == "52:54:00:aa:00:01 moved from cn003 to cn004 (sw1:swp4)"
+    assert [e["kind"] for e in inv.feed.events()] == ["bound", "moved", "bound"]
+    assert (
+        inv.feed.events()[1]["message"] == "52:54:00:aa:00:01 moved from cn003 to cn004 (sw1:swp4)"
+    )
+
+
+# -- one writer, one feed ------------------------------------------------------------------
+
+
+def test_every_observation_is_published_once(inventory: NodeStore) -> None:
+    changes = inventory.feed.subscribe()
+    token = boot_to_ready(inventory)
+    report(inventory, token)  # a heartbeat that changes nothing publishes nothing
+    inventory.saw_power("cn001", PowerState.ON)
+    inventory.saw_power("cn001", PowerState.ON)
+    seen = [(c.node, c.kind, dict(c.fields)) for c in changes.pending()]
+    run_states = [f["run_state"] for _, _, f in seen if "run_state" in f]
+    assert run_states == ["booting", "init", "ready"]
+    phases = [f["phase"] for _, _, f in seen if "phase" in f]
+    assert phases == [
+        "dhcp_discover",
+        "dhcp_ack",
+        "script",
+        "kernel",
+        "initrd",
+        "agent_hello",
+        "ready",
+    ]
+    assert [f for _, _, f in seen if "power" in f] == [{"power": "on"}]
+    assert {(node, kind) for node, kind, _ in seen} == {("cn001", "observed")}
+
+
+def test_a_subscriber_that_falls_behind_is_told_so(inventory: NodeStore) -> None:
+    slow = inventory.feed.subscribe(limit=2)
+    boot_to_ready(inventory)
+    first = asyncio.run(anext(slow))
+    assert first is GAP  # then the latest change, to carry on from
+    assert [dict(c.fields) for c in slow.pending()] == [{"run_state": "ready"}]
+    since = inventory.feed.seq - 3
+    resumed = inventory.feed.subscribe(since=since)
+    assert [c.seq for c in resumed.pending()] == [since + 1, since + 2, since + 3]
+
+
+def test_engine_conclusions_are_observations(inventory: NodeStore) -> None:
+    boot_to_ready(inventory)
+    node = inventory.nodes["cn001"]
+    inventory.saw_power("cn001", PowerState.ON)
+    inventory.conclude("cn001", {"power": "hang"})
+    inventory.saw_power("cn001", PowerState.ON)  # a BMC saying "on" does not end a hang
+    assert node.power is PowerState.HANG
+    inventory.conclude("cn001", {"run": "unknown", "busy": "unknown", "image": "unknown"})
+    assert node.run_state is RunState.UNKNOWN and node.last_report is None
+    inventory.saw_power("gone", PowerState.ON)  # a node a reload removed: no KeyError
+
+
+def test_an_agent_of_another_protocol_is_shown_on_its_node(inventory: NodeStore) -> None:
+    token = boot_to_ready(inventory)
+    node = inventory.nodes["cn001"]
+    with pytest.raises(ReportRejected) as rejected:
+        report(inventory, "not-its-token", protocol="2.0")
+    assert rejected.value.status == 400 and node.problem is None  # a stranger can't mark it
+    with pytest.raises(ReportRejected, match=r"protocol 2\.0, this side 1\.0"):
+        report(inventory, token, protocol="2.0")
+    assert "protocol 2.0, this side 1.0" in node.problem
+    report(inventory, token)
+    assert node.problem is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("mac", "52:54:00:99:00:11\nchain http://evil/x.ipxe", "report.mac is not a MAC"),
+        ("ip", "10.99.0.11; reboot", "report.ip is not an IPv4 address"),
+        ("seq", True, "report.seq must be an integer"),
+        ("busy", "yes", "report.busy must be true or false"),
+        ("image", {"state": "gone"}, "report.image.state must be one of"),
+    ],
+)
+def test_report_fields_are_validated(inventory: NodeStore, field, value, reason) -> None:
+    token = boot_to_ready(inventory)
+    with pytest.raises(ReportRejected, match=reason):
+        report(inventory, token, **{field: value})
+    assert inventory.nodes["cn001"].mac == "52:54:00:99:00:11"
+
+
+def test_state_files_are_private(inventory: NodeStore) -> None:
+    boot_to_ready(inventory)
+    path = inventory.config.server.state_dir / "boots.json"
+    assert path.stat().st_mode & 0o077 == 0  # it holds boot tokens

@@ -1,0 +1,209 @@
+"""The state engine bound to the world: the node store's changes in, actions out.
+
+One subscription to the store's change feed tells the engine what was observed; BMC polls
+and actions report to the store like every other observer. What is *desired* (the file,
+and run-time overrides from operators) is kept here, and published on the same feed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from layerpy.catalog import Catalog
+from layerpy.config import Config
+from layerpy.engine import Engine, Graph, NoPath
+from layerpy.lifecycle.actions import ACTIONS
+from layerpy.lifecycle.table import VARIABLES, desired, mutations
+from layerpy.model import ImageState, Node, PowerState, RunState
+from layerpy.nodes import GAP, NodeStore
+from layerpy.power import PowerDriver, PowerError, close_all, make_driver
+from layerpy.power.poller import Poller
+from layerpy.proto.agent import ImageSpec
+
+log = logging.getLogger("layerpy.power")
+images_log = logging.getLogger("layerpy.images")
+
+# node fields the engine's variables are read from
+ENGINE_FIELDS = frozenset({"power", "run_state", "busy", "image_state", "image_digest"})
+CLOSE_TIMEOUT = 3.0  # seconds for all power drivers to log out at shutdown
+
+
+class Lifecycle:
+    def __init__(self, store: NodeStore, catalog: Catalog, poll_interval: float) -> None:
+        self.store = store
+        self.catalog = catalog
+        self.overrides: dict[str, dict[str, str]] = {}
+        self.drivers: dict[str, PowerDriver] = {}
+        self.assigned: dict[str, str] = {}  # node -> image digest its agent is told to run
+        table = mutations()
+        missing = {m.action for m in table if m.action and m.action not in ACTIONS}
+        if missing:
+            raise ValueError(f"the lifecycle table names unknown actions: {sorted(missing)}")
+        self.engine = Engine(Graph(VARIABLES, table), self.act, on_write=store.conclude)
+        self.poller = Poller(self.drivers, self._polled, poll_interval)
+        self.changes = store.feed.subscribe()  # before anything can change
+        for node in store.nodes.values():
+            self._add(node)
+
+    def _add(self, node: Node) -> None:
+        if node.config.bmc is not None:  # else not under layerpy's power control
+            self.drivers[node.name] = make_driver(node.name, node.config.bmc)
+        self.engine.add_node(node.name, desired(node.config), self._dsc(node))
+
+    def _dsc(self, node: Node) -> dict[str, str]:
+        return {"power": node.power, "run": node.run_state, "busy": node.busy,
+                "image": self._image_state(node)}  # fmt: skip
+
+    def _image_state(self, node: Node) -> str:
+        wanted = self.catalog.digest(self.image_of(node.name))
+        if node.image_state == ImageState.ACTIVE and wanted and node.image_digest != wanted:
+            return ImageState.STALE
+        return node.image_state
+
+    def _observe(self, name: str) -> None:
+        node = self.store.nodes.get(name)
+        if node is not None and self.engine.has(name):
+            self.engine.observe(name, **self._dsc(node))
+
+    # -- continuous work ---------------------------------------------------------------
+
+    async def run(self) -> None:
+        """The engine, the BMC polls and the change feed, until cancelled."""
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self.engine.run())
+            tasks.create_task(self.poller.run())
+            tasks.create_task(self.follow())
+
+    async def follow(self) -> None:
+        """Tell the engine what the store observed; a catalog change re-reads the nodes
+        that want that image (whether what they run is still the wanted digest)."""
+        async for change in self.changes:
+            if change is GAP:
+                for name in self.store.nodes:
+                    self._observe(name)
+            elif change.kind == "image":
+                for name in self.store.nodes:
+                    if self.image_of(name) == change.fields.get("image"):
+                        self._observe(name)
+            elif change.kind == "observed" and ENGINE_FIELDS & change.fields.keys():
+                if change.fields.get("run_state") == RunState.UNKNOWN:
+                    self.assigned.pop(change.node, None)  # a new boot is told afresh
+                self._observe(change.node)
+
+    def _polled(self, name: str, state: str | None, error: str | None) -> None:
+        self.store.saw_power(name, None if state is None else PowerState(state), error)
+
+    async def act(self, name: str, action: str) -> None:
+        """Carry out one action the engine fired; errors propagate to the engine."""
+        try:
+            await ACTIONS[action].run(self, name)
+        except PowerError as error:
+            self.store.saw_power(name, None, str(error))
+            raise
+
+    async def close(self) -> None:
+        self.changes.close()
+        await close_all(self.drivers.values(), CLOSE_TIMEOUT)
+
+    # -- desired state -----------------------------------------------------------------
+
+    def image_of(self, name: str) -> str | None:
+        """The image a node should run: a run-time override, else the file's."""
+        node = self.store.nodes.get(name)
+        file_image = node.config.image if node else None
+        return self.overrides.get(name, {}).get("image", file_image)
+
+    def image_spec(self, name: str) -> ImageSpec | None:
+        """What the node's agent is told to run: the digest the engine assigned it."""
+        digest, image = self.assigned.get(name), self.image_of(name)
+        if not (digest and image):
+            return None
+        return self.catalog.spec(image, digest, self.store.config.server.url)
+
+    def desired_of(self, name: str) -> dict[str, str | None]:
+        return desired(self.store.nodes[name].config, self.overrides.get(name))
+
+    def _wish_changed(self, name: str) -> None:
+        wish = self.desired_of(name)
+        self.engine.set_cfg(name, **wish)
+        self.store.feed.publish(name, "desired", {k: v for k, v in wish.items() if v})
+        self._observe(name)  # whether its running image is still the wanted one
+
+    def override(self, name: str, power: str | None) -> None:
+        """A runtime override of desired power (None clears all overrides of the node);
+        lasts until cleared or the file changes."""
+        if power is None:
+            self.overrides.pop(name, None)
+        else:
+            self.overrides.setdefault(name, {})["power"] = power
+        source = " (override)" if power else " (from the file)"
+        log.info("%s: desired power %s%s", name, power or self.store.nodes[name].config.power,
+                 source)  # fmt: skip
+        self._wish_changed(name)
+
+    def override_image(self, name: str, image: str) -> None:
+        """Run `image` on the node until cleared or the file changes (a rolling update)."""
+        if image not in self.catalog.entries:
+            raise ValueError(f"no image named {image!r} in the node file")
+        self.overrides.setdefault(name, {})["image"] = image
+        images_log.info("%s: desired image %s (override)", name, image)
+        self._wish_changed(name)
+
+    async def cycle(self, name: str) -> None:
+        """An operator's one-off power cycle (not a change of desired state)."""
+        if name in self.drivers:
+            with contextlib.suppress(PowerError):  # recorded on the node by act()
+                await self.act(name, "power_cycle")
+
+    async def applied(self, config: Config, added: set[str], removed: set[str],
+                      changed: set[str]) -> None:  # fmt: skip
+        """A reloaded file: overrides end, changed nodes get their new cfg and drivers."""
+        if added or removed or changed:
+            self.overrides.clear()
+        for name in removed | changed:
+            self.engine.remove_node(name)
+            self.assigned.pop(name, None)
+            driver = self.drivers.pop(name, None)
+            if driver is not None:
+                await driver.close()
+        for name in added | changed:
+            self._add(self.store.nodes[name])
+        for name in config.nodes:
+            self._wish_changed(name)
+
+    # -- reading -----------------------------------------------------------------------
+
+    def status(self, name: str) -> dict[str, Any]:
+        node = self.store.nodes[name]
+        entry = self.catalog.entries.get(self.image_of(name) or "")
+        return {
+            "location": node.location,  # evidence: source, switch, port, chassis, MAC, when
+            "conflict": node.conflict,
+            "problem": node.problem,
+            "image_wanted": self.image_of(name),
+            "image_problem": entry.error if entry else None,
+            "power": node.power,
+            "desired": self.desired_of(name).get("power"),
+            "override": name in self.overrides,
+            "controlled": name in self.drivers,
+            "error": node.power_error,
+        }
+
+    def plan(self, name: str) -> dict[str, Any]:
+        node = self.store.nodes[name]
+        try:
+            path: list[str] | str = self.engine.plan(name)
+        except NoPath as blocked:
+            path = f"blocked: {blocked}"
+        return {
+            "name": name,
+            "dsc": self._dsc(node),
+            "cfg": {k: v for k, v in self.desired_of(name).items() if v is not None},
+            "path": path,
+        }
+
+    def explain(self, name: str) -> dict[str, Any]:
+        return {"name": name, **self.status(name), **self.engine.explain(name)}

@@ -1,0 +1,118 @@
+"""The change feed: every change of a node, published once, heard by every subscriber.
+
+The node store publishes what it observed, the lifecycle what is desired and what it did,
+the catalog when an image has a new digest. The engine, and later the event stream, the
+dashboard and metrics, subscribe. A subscriber reads at its own pace from a bounded queue;
+one that falls behind is told so (``Gap``) once and should re-read the state it mirrors.
+History is kept (bounded) so a subscriber can resume after a sequence number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+HISTORY = 20_000
+QUEUE = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One change. ``kind``: observed (dsc fields), event (identity: bound, moved,
+    replaced, conflict), desired (cfg), action, image (a name has a new digest)."""
+
+    seq: int
+    at: float
+    node: str
+    kind: str
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    message: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        return {"seq": self.seq, "time": self.at, "node": self.node, "kind": self.kind,
+                "fields": dict(self.fields), "message": self.message}  # fmt: skip
+
+
+class Gap:
+    """Marks where a subscriber lost changes: re-read what you mirror."""
+
+
+GAP = Gap()
+
+
+class Subscription:
+    """An async iterator of changes (and ``GAP`` after an overflow)."""
+
+    def __init__(self, feed: ChangeFeed, limit: int) -> None:
+        self._feed = feed
+        self._queue: deque[Change | Gap] = deque()
+        self._limit = limit
+        self._ready = asyncio.Event()
+
+    def _put(self, change: Change) -> None:
+        if len(self._queue) >= self._limit:
+            self._queue.clear()
+            self._queue.append(GAP)
+        self._queue.append(change)
+        self._ready.set()
+
+    def pending(self) -> list[Change | Gap]:
+        """Everything queued, without waiting."""
+        items = list(self._queue)
+        self._queue.clear()
+        return items
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Change | Gap:
+        while not self._queue:
+            self._ready.clear()
+            await self._ready.wait()
+        return self._queue.popleft()
+
+    def close(self) -> None:
+        self._feed._subscribers.discard(self)
+
+
+class ChangeFeed:
+    def __init__(self, clock: Callable[[], float] = time.time, history: int = HISTORY) -> None:
+        self.clock = clock
+        self.seq = 0
+        self.history: deque[Change] = deque(maxlen=history)
+        self._subscribers: set[Subscription] = set()
+
+    def publish(
+        self, node: str, kind: str, fields: Mapping[str, Any] | None = None, message: str = ""
+    ) -> Change:
+        self.seq += 1
+        change = Change(self.seq, self.clock(), node, kind, dict(fields or {}), message)
+        self.history.append(change)
+        for subscription in self._subscribers:
+            subscription._put(change)
+        return change
+
+    def subscribe(self, since: int | None = None, limit: int = QUEUE) -> Subscription:
+        """Changes from now on; with ``since``, first those after it still in the history
+        (a ``GAP`` first when some of them are gone)."""
+        subscription = Subscription(self, limit)
+        if since is not None:
+            if self.history and self.history[0].seq > since + 1:
+                subscription._queue.append(GAP)
+            for change in self.history:
+                if change.seq > since:
+                    subscription._put(change)
+        self._subscribers.add(subscription)
+        return subscription
+
+    def events(self, limit: int = 1000) -> list[dict[str, Any]]:
+        """The recent identity events, oldest first (``GET /api/v1/events``)."""
+        found = [c for c in reversed(self.history) if c.kind == "event"][:limit]
+        return [
+            {"time": c.at, "node": c.node, "kind": c.fields.get("event"), "message": c.message}
+            for c in reversed(found)
+        ]

@@ -1,0 +1,62 @@
+"""Which node a machine is: by the MAC the file gives, or by where it is plugged in.
+
+A MAC learned from a node's location (LLDP or DHCP option 82) is a *binding*; bindings are
+kept in ``bindings.json`` and win over the file's MAC. This module only indexes and
+remembers; the node store decides when a binding changes.
+"""
+
+from __future__ import annotations
+
+from ipaddress import IPv4Address
+
+from layerpy.model import Node
+from layerpy.nodes.files import StateFiles
+
+BINDINGS = "bindings.json"
+
+Location = tuple[str, str]  # (switch, port)
+
+
+class Identities:
+    def __init__(self, files: StateFiles) -> None:
+        self.files = files
+        self.bindings: dict[str, str] = {
+            node: mac for node, mac in files.read(BINDINGS).items() if isinstance(mac, str)
+        }
+        self._by_mac: dict[str, Node] = {}
+        self._by_ip: dict[IPv4Address, Node] = {}
+        self._by_location: dict[Location, Node] = {}
+
+    def index(self, nodes: dict[str, Node]) -> None:
+        """Rebuild the look-ups (at start and after a reload)."""
+        self._by_mac = {mac: n for n in nodes.values() if (mac := self.mac_of(n))}
+        self._by_ip = {n.config.ip: n for n in nodes.values()}
+        self._by_location = {n.config.location: n for n in nodes.values() if n.config.location}
+
+    def mac_of(self, node: Node) -> str | None:
+        return self.bindings.get(node.name) or node.config.mac
+
+    def by_mac(self, mac: str) -> Node | None:
+        return self._by_mac.get(mac)
+
+    def by_ip(self, ip: IPv4Address | str) -> Node | None:
+        try:
+            return self._by_ip.get(IPv4Address(ip))
+        except ValueError:
+            return None
+
+    def at(self, location: Location) -> Node | None:
+        return self._by_location.get(location)
+
+    def bind(self, node: Node, mac: str) -> Node | None:
+        """``mac`` is ``node`` from now on; returns the node that had it before, if another."""
+        previous = self._by_mac.get(mac)
+        if previous is not None and previous is not node:
+            self.bindings.pop(previous.name, None)
+        old = self.mac_of(node)
+        if old is not None and self._by_mac.get(old) is node:
+            del self._by_mac[old]
+        self.bindings[node.name] = mac
+        self._by_mac[mac] = node
+        self.files.write(BINDINGS, self.bindings)
+        return previous if previous is not node else None

@@ -1,0 +1,447 @@
+"""The node store: the one writer of observed node state.
+
+Every observation (DHCP, TFTP, HTTP fetches, agent reports, BMC polls, the engine's own
+conclusions) arrives here as a method call; the store changes the node and publishes the
+change once on its feed, which the engine and everyone else subscribe to. Nothing else
+assigns an observed field.
+
+Run state moves unknown -> booting (DHCP from boot firmware) -> init (agent hello) ->
+ready (agent reporting) -> lost (missed reports). Boot tokens are kept in the state
+directory, so a restarted server still recognises the agents of the nodes it booted.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from ipaddress import IPv4Address
+from typing import Any
+
+from layerpy.config import Config
+from layerpy.model import Boot, Busy, ImageState, Node, Phase, PowerState, RunState
+from layerpy.nodes.discovery import DISCOVERY, Discovery
+from layerpy.nodes.feed import ChangeFeed
+from layerpy.nodes.files import StateFiles
+from layerpy.nodes.identity import Identities, Location
+from layerpy.proto.agent import ContractError, Event, Identity, ProtocolMismatch, Report
+
+log = logging.getLogger("layerpy.nodes")
+
+TOKENS = "boots.json"
+ALIVE = (RunState.INIT, RunState.READY)
+# The engine's variables, as node fields (the engine concludes values of these itself)
+VARIABLE_FIELDS = {"power": "power", "run": "run_state", "busy": "busy", "image": "image_state"}
+
+
+class ReportRejected(Exception):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Ack:
+    """An accepted report: the node the agent is now, and the identity to hand it when
+    the machine turned out to be another node (a discovered or moved machine)."""
+
+    node: str
+    identity: Identity | None = None
+
+
+class NodeStore:
+    def __init__(
+        self, config: Config, clock: Callable[[], float] = time.time, feed: ChangeFeed | None = None
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.feed = feed or ChangeFeed(clock)
+        self.files = StateFiles(config.server.state_dir)
+        self.nodes = {name: Node(cfg) for name, cfg in config.nodes.items()}
+        self.identities = Identities(self.files)
+        self.identities.index(self.nodes)
+        self.unknown = Discovery()
+        self._reporting: OrderedDict[str, float] = OrderedDict()  # oldest report first
+        self._load_tokens()
+
+    def apply(self, config: Config) -> tuple[set[str], set[str], set[str]]:
+        """Take a new, already validated node file; observed state of kept nodes stays.
+
+        Returns the names added, removed and changed."""
+        old = self.nodes
+        added = set(config.nodes) - set(old)
+        removed = set(old) - set(config.nodes)
+        changed = {n for n in set(old) & set(config.nodes) if old[n].config != config.nodes[n]}
+        self.nodes = {}
+        for name, node_config in config.nodes.items():
+            node = old.get(name) or Node(node_config)
+            node.config = node_config
+            self.nodes[name] = node
+        self.config = config
+        self.identities.index(self.nodes)
+        for mac in [mac for mac in self.unknown if self.by_mac(mac)]:
+            self.unknown.forget(mac)
+        return added, removed, changed
+
+    # -- look-ups ------------------------------------------------------------------------
+
+    def by_mac(self, mac: str) -> Node | None:
+        return self.identities.by_mac(mac)
+
+    def by_ip(self, ip: IPv4Address | str) -> Node | None:
+        return self.identities.by_ip(ip)
+
+    def at(self, location: Location) -> Node | None:
+        return self.identities.at(location)
+
+    def mac_of(self, node: Node) -> str | None:
+        return self.identities.mac_of(node)
+
+    # -- writing (the only code that assigns observed fields) ----------------------------
+
+    def _set(self, node: Node, why: str = "", **values: Any) -> None:
+        """Assign observed fields and publish what changed, once."""
+        changed = {}
+        for key, value in values.items():
+            if getattr(node, key) != value:
+                setattr(node, key, value)
+                changed[key] = value
+        if changed:
+            self.feed.publish(node.name, "observed", changed, why)
+
+    def _event(self, node: str, kind: str, message: str) -> None:
+        """Something an operator should see later (``GET /api/v1/events``), also logged."""
+        log.log(logging.WARNING if kind == "conflict" else logging.INFO, "%s: %s", node, message)
+        self.feed.publish(node, "event", {"event": kind}, message)
+
+    def _set_state(self, node: Node, state: RunState, why: str = "") -> None:
+        if node.run_state != state:
+            suffix = f": {why}" if why else ""
+            log.info("%s: run_state %s -> %s%s", node.name, node.run_state, state, suffix)
+        self._set(node, why, run_state=state)
+
+    # -- observations from the boot services ---------------------------------------------
+
+    def saw_unknown(self, mac: str, firmware: str | None, vendor_class: str | None) -> None:
+        machine, new = self.unknown.seen(mac, self.clock())
+        machine.requests += 1
+        if new:
+            machine.firmware, machine.vendor_class = firmware, vendor_class
+            log.info("%s: unknown machine asks to boot (%s)", mac, firmware)
+
+    def saw_mac(self, node: Node, mac: str) -> None:
+        self._set(node, mac=mac)
+
+    def saw_boot_request(self, node: Node, firmware: str) -> None:
+        """A DHCP DISCOVER from boot firmware (PXE or iPXE).
+
+        It starts a new boot unless the node is still between firmware and script, as
+        when UEFI PXE chain-loads iPXE, which asks again."""
+        boot = node.boot
+        if boot is None or Phase.SCRIPT in boot.phases or node.run_state != RunState.BOOTING:
+            self._start_boot(node, firmware)
+        self.mark(node, Phase.DHCP_DISCOVER)
+
+    def mark(self, node: Node, phase: Phase) -> None:
+        if node.boot is None:
+            self._start_boot(node, None)
+        assert node.boot is not None
+        if node.boot.mark(phase, self.clock()):
+            log.debug("%s: boot phase %s", node.name, phase)
+            self.feed.publish(node.name, "observed", {"phase": phase})
+
+    def issue_token(self, node: Node) -> str:
+        """A fresh secret for this boot, handed out in the node's kernel command line."""
+        if node.boot is None or Phase.SCRIPT in node.boot.phases:
+            self._start_boot(node, None)
+        assert node.boot is not None
+        node.boot.token = secrets.token_urlsafe(18)
+        self.mark(node, Phase.SCRIPT)
+        self._save_tokens()
+        return node.boot.token
+
+    def discovery_token(self, mac: str) -> str | None:
+        """A token for the discovery boot of an unknown machine (None: not known)."""
+        return self.unknown.issue_token(mac)
+
+    def locate(
+        self, mac: str, location: Location, source: str, chassis: str | None = None
+    ) -> Node | None:
+        """A machine seen at a switch port: the node it is, by where it is plugged in.
+
+        A new MAC at a port takes the node over (new or replaced hardware), a MAC seen at
+        another port follows the port, but a MAC at a port whose machine is alive and
+        reporting is a conflict: neither takes the address from the other."""
+        node = self.at(location)
+        if node is None:
+            return None
+        where = f"{location[0]}:{location[1]}"
+        now = self.clock()
+        evidence = {"source": source, "switch": location[0], "port": location[1],
+                    "chassis": chassis, "mac": mac, "at": now}  # fmt: skip
+        current = self.mac_of(node)
+        if current != mac:
+            if current and self.alive(node):
+                message = f"{mac} claims {where}, where {current} is alive: not bound"
+                if node.conflict != message:
+                    self._event(node.name, "conflict", message)
+                self._set(node, conflict=message, conflict_at=now)
+                machine, _ = self.unknown.seen(mac, now)
+                machine.conflict = f"{where} belongs to {node.name} ({current}, alive)"
+                return None
+            previous = self.identities.bind(node, mac)
+            if previous is not None:
+                self._event(
+                    previous.name,
+                    "moved",
+                    f"{mac} moved from {previous.name} to {node.name} ({where})",
+                )
+            if current:
+                self._event(
+                    node.name, "replaced", f"hardware replaced at {where}: {current} -> {mac}"
+                )
+            else:
+                self._event(
+                    node.name, "bound", f"{mac} is {node.name} by its location {where} ({source})"
+                )
+            self.unknown.forget(mac)
+            self._set(node, mac=mac, conflict=None)
+        elif node.conflict and now - (node.conflict_at or 0) > self._lost_limit:
+            self._set(node, conflict=None)  # the other machine stopped claiming the location
+        self._set(node, location=evidence)
+        return node
+
+    def alive(self, node: Node) -> bool:
+        """Its own machine (the one bound to it) is reporting."""
+        return node.run_state in ALIVE and node.mac == self.mac_of(node)
+
+    # -- agent reports ------------------------------------------------------------------
+
+    def report(self, payload: Any) -> Ack:
+        """An agent report (parsed JSON); raises ReportRejected saying why it is refused."""
+        try:
+            report = Report.from_json(payload)
+        except ProtocolMismatch as mismatch:
+            self._wrong_protocol(mismatch, payload)
+            raise ReportRejected(400, str(mismatch)) from None
+        except ContractError as error:
+            raise ReportRejected(400, str(error)) from None
+        if report.node == DISCOVERY:
+            return self._discovery_report(report)
+        node = self._authenticate(report)
+        located = self._lldp_node(report)
+        if located is not None and located is not node:  # the machine moved to another port
+            return self._hand_over(located)
+        boot = node.boot
+        assert boot is not None
+        now = self.clock()
+        if boot.boot_id and report.boot_id != boot.boot_id:
+            log.info("%s: agent reports a new boot id without a network boot", node.name)
+            token = boot.token
+            boot = self._start_boot(node, None)
+            boot.token = token
+        if boot.boot_id is None:
+            boot.boot_id = report.boot_id
+            self._save_tokens()
+        self._reporting.pop(node.name, None)
+        self._reporting[node.name] = now
+        self._agent_facts(node, report, now)
+        if node.run_state in (*ALIVE, RunState.LOST) and report.event != Event.HELLO:
+            self.mark(node, Phase.READY)
+            self._set_state(node, RunState.READY)
+        else:
+            self.mark(node, Phase.AGENT_HELLO)
+            self._set_state(node, RunState.INIT)
+        return Ack(node.name)
+
+    def _agent_facts(self, node: Node, report: Report, now: float) -> None:
+        image = report.image
+        state = (
+            image.state
+            if image.state not in (ImageState.UNKNOWN, ImageState.STALE)
+            else ImageState.NONE
+        )
+        busy = Busy.BUSY if report.busy else Busy.FREE
+        if busy != node.busy:
+            log.info("%s: %s", node.name, busy)
+        if (state, image.digest, image.error) != (
+            node.image_state,
+            node.image_digest,
+            node.image_error,
+        ):
+            reason = f": {image.error}" if image.error else ""
+            log.info("%s: image %s %s%s", node.name, state, (image.digest or "-")[:19], reason)
+        try:
+            ip: IPv4Address | None = IPv4Address(report.ip)
+        except ValueError:
+            ip = None
+        node.last_report = now  # not published: it changes with every heartbeat
+        node.agent = {
+            "uptime": report.uptime,
+            "seq": report.seq,
+            "agent_version": report.agent_version,
+            "timeline": report.timeline,
+        }
+        self._set(
+            node,
+            mac=report.mac,
+            ip=ip,
+            hostname=report.hostname,
+            busy=busy,
+            image_state=state,
+            image_digest=image.digest,
+            image_error=image.error,
+            problem=None,
+        )
+
+    def _wrong_protocol(self, mismatch: ProtocolMismatch, payload: Any) -> None:
+        """An agent of another release: shown on its node, if it holds that node's token."""
+        node = self.nodes.get(mismatch.node or "")
+        token = payload.get("token") if isinstance(payload, dict) else None
+        if node is None or not isinstance(token, str) or not self._token_ok(node, token):
+            return
+        if node.problem != str(mismatch):
+            log.error("%s: %s", node.name, mismatch)
+        self._set(node, problem=str(mismatch))
+
+    def _discovery_report(self, report: Report) -> Ack:
+        """A machine booted from the pool: once its LLDP neighbour names a node's port, it
+        becomes that node (its agent switches identity and address without a reboot)."""
+        machine = self.unknown.check_token(report.mac, report.token)
+        if machine is None:
+            raise ReportRejected(403, f"wrong discovery token for {report.mac}")
+        machine.last_seen = self.clock()
+        node = self._lldp_node(report)
+        return Ack(DISCOVERY) if node is None else self._hand_over(node)
+
+    def _lldp_node(self, report: Report) -> Node | None:
+        """The node at the port the agent's LLDP neighbour names, bound to the reporting MAC."""
+        if report.lldp is None:
+            return None
+        chassis = report.lldp.chassis_id.lower()
+        switch = next(
+            (s.name for s in self.config.switches.values() if s.chassis_id == chassis), None
+        )
+        if switch is None:
+            return None
+        return self.locate(report.mac, (switch, report.lldp.port_id), "lldp", chassis)
+
+    def _hand_over(self, node: Node) -> Ack:
+        """Tell an agent to carry on as `node`: a new boot of that node, with its own token."""
+        boot = self._start_boot(node, "identity by location")
+        boot.token = secrets.token_urlsafe(18)
+        self._save_tokens()
+        return Ack(node.name, Identity(node.name, boot.token))
+
+    def _authenticate(self, report: Report) -> Node:
+        node = self.nodes.get(report.node)
+        if node is None:
+            raise ReportRejected(404, f"no node named {report.node!r} in the node file")
+        if not self._token_ok(node, report.token):
+            raise ReportRejected(403, f"wrong boot token for {node.name}")
+        return node
+
+    def _token_ok(self, node: Node, token: str) -> bool:
+        expected = node.boot.token if node.boot else None
+        return expected is not None and secrets.compare_digest(expected, token)
+
+    # -- power, and the engine's own conclusions ------------------------------------------
+
+    def saw_power(self, name: str, state: PowerState | None, error: str | None = None) -> None:
+        """A BMC poll or power action: the state, or the error that kept it from being read.
+        A node removed by a reload while its BMC was being asked is no longer news."""
+        node = self.nodes.get(name)
+        if node is None:
+            return
+        if error is not None:
+            if node.power_error != error:
+                log.error("%s: %s", name, error)
+            self._set(node, error, power=PowerState.ERROR, power_error=error)
+            return
+        assert state is not None
+        if node.power == PowerState.HANG and state == PowerState.ON:
+            self._set(node, power_error=None)  # a BMC saying "on" does not end a hang
+            return
+        if state == PowerState.OFF and node.run_state is not RunState.UNKNOWN:
+            self.forget(node, "powered off")
+        if node.power != state:
+            log.info("%s: power %s -> %s", name, node.power, state)
+        self._set(node, power=state, power_error=None)
+
+    def conclude(self, name: str, values: Mapping[str, str]) -> None:
+        """The engine's own conclusions (a node hangs; a run state is forgotten on a power
+        change; an activation failed), recorded like any observation."""
+        node = self.nodes.get(name)
+        if node is None:
+            return
+        if values.get("run") == RunState.UNKNOWN:
+            self.forget(node, "forgotten on a power change")
+        fields = {VARIABLE_FIELDS[var]: value for var, value in values.items() if var != "run"}
+        if "power" in fields:
+            fields["power"] = PowerState(fields["power"])
+            if fields["power"] != node.power:
+                log.info("%s: power %s -> %s (concluded)", name, node.power, fields["power"])
+        self._set(node, "concluded by the engine", **fields)
+
+    def forget(self, node: Node, why: str) -> None:
+        """What can no longer be known after a power change: run state, busy, image."""
+        node.last_report = None
+        self._set(node, why, busy=Busy.UNKNOWN, image_state=ImageState.UNKNOWN,
+                  image_digest=None, image_error=None)  # fmt: skip
+        self._set_state(node, RunState.UNKNOWN, why)
+
+    # -- nodes that stop reporting -------------------------------------------------------
+
+    @property
+    def _lost_limit(self) -> float:
+        return self.config.server.heartbeat * self.config.server.lost_after
+
+    def check_lost(self) -> None:
+        """Nodes whose agent stopped reporting become lost. Reports keep ``_reporting`` in
+        order of arrival, so this looks only at the nodes that are overdue."""
+        now, limit = self.clock(), self._lost_limit
+        while self._reporting:
+            name, last = next(iter(self._reporting.items()))
+            if now - last <= limit:
+                break
+            del self._reporting[name]
+            node = self.nodes.get(name)
+            if node is not None and node.run_state in ALIVE and node.last_report == last:
+                self._set_state(node, RunState.LOST, f"no report for {now - last:.0f} s")
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _start_boot(self, node: Node, firmware: str | None) -> Boot:
+        node.boot = Boot(started=self.clock(), firmware=firmware)
+        node.last_report = None
+        self._set(node, boots=node.boots + 1, busy=Busy.UNKNOWN)
+        self._set_state(
+            node, RunState.BOOTING, f"boot {node.boots} ({firmware or 'unknown firmware'})"
+        )
+        return node.boot
+
+    def _save_tokens(self) -> None:
+        records = {
+            n.name: {"token": n.boot.token, "boot_id": n.boot.boot_id, "boots": n.boots}
+            for n in self.nodes.values()
+            if n.boot and n.boot.token
+        }
+        self.files.write(TOKENS, records)
+
+    def _load_tokens(self) -> None:
+        for name, record in self.files.read(TOKENS).items():
+            node = self.nodes.get(name)
+            if node is None or not isinstance(record, dict):
+                continue
+            token, boot_id = record.get("token"), record.get("boot_id")
+            node.boot = Boot(
+                started=self.clock(),
+                token=token if isinstance(token, str) else None,
+                boot_id=boot_id if isinstance(boot_id, str) else None,
+            )
+            boots = record.get("boots")
+            node.boots = boots if isinstance(boots, int) else 0

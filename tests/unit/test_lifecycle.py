@@ -1,0 +1,78 @@
+"""The lifecycle table the engine runs: the docs show it, every action it names exists,
+and a BMC answer that arrives after a reload removed its node changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+from layerpy.catalog import Catalog
+from layerpy.engine import Graph
+from layerpy.images import ImageStore
+from layerpy.lifecycle import ACTIONS, VARIABLES, Lifecycle, markdown_table, mutations
+from layerpy.model import PowerState
+from layerpy.nodes import NodeStore
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "lifecycle.md"
+
+
+def test_docs_show_the_table_the_engine_runs() -> None:
+    text = DOCS.read_text()
+    shown = re.search(r"^\| mutation \|.*?(?=\n\n)", text, re.S | re.M)
+    assert shown, f"{DOCS} has no mutation table"
+    real = markdown_table(mutations(), {name: a.does for name, a in ACTIONS.items()})
+    assert shown.group(0) == real, f"update the table in {DOCS} to:\n{real}"
+
+
+def test_the_table_is_valid_and_its_actions_exist() -> None:
+    table = mutations()
+    Graph(VARIABLES, table)  # validates every value the table names
+    assert {m.action for m in table if m.action} <= ACTIONS.keys()
+
+
+def test_docs_name_every_state_value() -> None:
+    text = DOCS.read_text()
+    for variable in VARIABLES:
+        row = re.search(rf"^\| `{variable.name}` \| ([^|]+) \|", text, re.M)
+        assert row, f"{DOCS} does not describe the variable {variable.name}"
+        assert row.group(1).strip() == ", ".join(variable.values)
+
+
+CN009 = '\n[nodes.cn009]\nip = "10.99.0.19"\nbmc = { driver = "none" }\n'
+
+
+class SlowBmc:
+    """A BMC that answers when the test says so (the answer outlives a reload)."""
+
+    def __init__(self) -> None:
+        self.answer = asyncio.Event()
+
+    async def status(self) -> str:
+        await self.answer.wait()
+        return "on"
+
+    async def close(self) -> None:
+        pass
+
+
+def test_a_power_answer_for_a_node_a_reload_removed(make_config) -> None:
+    async def scenario() -> None:
+        store = NodeStore(make_config(more=CN009))
+        catalog = Catalog(ImageStore(store.config.server.state_dir / "images"), store.feed)
+        lifecycle = Lifecycle(store, catalog, poll_interval=3600)
+        bmc = SlowBmc()
+        lifecycle.drivers["cn009"] = bmc  # type: ignore[assignment]
+        running = asyncio.create_task(lifecycle.run())
+        polled = asyncio.create_task(lifecycle.act("cn009", "power_status"))
+        await asyncio.sleep(0)
+        new = make_config()  # cn009 is gone
+        await lifecycle.applied(new, *store.apply(new))
+        bmc.answer.set()
+        await polled  # before: KeyError in the engine
+        assert "cn009" not in store.nodes and not lifecycle.engine.has("cn009")
+        assert store.nodes["cn001"].power is PowerState.UNKNOWN
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+
+    asyncio.run(scenario())
