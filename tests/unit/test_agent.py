@@ -513,7 +513,7 @@ def test_redo_dhcp_releases_then_asks_again(tmp_path) -> None:
     while not os.path.exists(nic.pidfile):
         time.sleep(0.01)
     assert nic.redo_dhcp("cn002", time.sleep, wait=1.0) == "10.99.0.12"
-    assert udhcpc.wait(2) == 0
+    assert udhcpc.wait(60) == 0  # generous: a busy machine runs the traps late
     assert got.read_text().split() == ["usr2", "term"]  # release, then exit
     assert started == ["cn002"]  # a fresh DISCOVER with the new hostname
 
