@@ -37,9 +37,9 @@ class Server:
         config = self._with_overrides(config)
         self.stats = Stats()
         self.nodes = NodeStore(config)
-        self.policy = BootPolicy(self.nodes)
         self.catalog = Catalog(ImageStore(config.server.state_dir / "images"), self.nodes.feed)
         self.lifecycle = Lifecycle(self.nodes, self.catalog, config.server.power_poll)
+        self.policy = BootPolicy(self.nodes)
         self._closers: list[object] = []
         self._runner: web.AppRunner | None = None
 
@@ -75,7 +75,6 @@ class Server:
 
     async def start(self) -> None:
         server = self.config.server
-        self.catalog.sync(self.config)
         app = build_app(
             self.policy,
             self.stats,
@@ -109,6 +108,7 @@ class Server:
                     log_requests=server.log_requests,
                 )
             )
+        self.catalog.sync(self.config)  # images pull in the background
 
     def _tftp_event(self, event: TftpEvent) -> None:
         """Each request is counted once, when it ends: "read" (a transfer, with its service
