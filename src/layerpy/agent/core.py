@@ -33,6 +33,7 @@ from layerpy.proto.agent import (
     Identity,
     ImageStatus,
     Lldp,
+    Milestone,
     ProtocolMismatch,
     Report,
     decode,
@@ -177,11 +178,8 @@ class Agent:
         self.seq = 0
         self.hello_done = False
         self.timeline: dict[str, float | None] = {
-            "agent_start": uptime() if agent_start is None else agent_start,
-            "nic_up": None,
-            "ip_acquired": None,
-            "hello": None,
-            "identity": None,
+            **dict.fromkeys(Milestone),
+            Milestone.AGENT_START: uptime() if agent_start is None else agent_start,
         }
         self.listen = listen
         self.lldp: Lldp | None = None  # the neighbour as reported
@@ -256,10 +254,10 @@ class Agent:
             return
         self.nic = Nic(self.cfg.bootif, self.cfg.node, self.log, uptime, run_dir=self.state_dir)
         self.nic.bring_up(self.sleep)
-        if self.timeline["nic_up"] is None:
-            self.timeline["nic_up"] = self.nic.nic_up
-        if self.timeline["ip_acquired"] is None:
-            self.timeline["ip_acquired"] = self.nic.ip_acquired
+        if self.timeline[Milestone.NIC_UP] is None:
+            self.timeline[Milestone.NIC_UP] = self.nic.nic_up
+        if self.timeline[Milestone.IP_ACQUIRED] is None:
+            self.timeline[Milestone.IP_ACQUIRED] = self.nic.ip_acquired
 
     def observe(self) -> dict[str, object]:
         """Facts whose change triggers an immediate report."""
@@ -301,7 +299,7 @@ class Agent:
     def report(self, obs: dict[str, object]) -> Outcome:
         if not self.hello_done:
             event = Event.HELLO
-            self.timeline["hello"] = uptime()
+            self.timeline[Milestone.HELLO] = uptime()
         elif obs != self.sent:
             event = Event.CHANGE
         else:
@@ -412,7 +410,7 @@ class Agent:
             return
         self.log(f"now {node} (was {self.cfg.node})")
         self._take_identity(node, token)
-        self.timeline["identity"] = uptime()
+        self.timeline[Milestone.IDENTITY] = uptime()
         self.hello_done = False
         if self.nic is not None:  # the machine is ours to rename and re-address
             try:

@@ -14,6 +14,7 @@ from layerpy.config.records import (
     NetworkConfig,
     ServerConfig,
 )
+from layerpy.proto.agent import HEARTBEAT
 
 
 def server(r: Reader, data: dict[str, Any], network: NetworkConfig | None) -> ServerConfig | None:
@@ -48,7 +49,7 @@ def server(r: Reader, data: dict[str, Any], network: NetworkConfig | None) -> Se
         tftp_port=get("tftp_port", int, values.port, default=69),
         dhcp=dhcp or "authoritative",
         state_dir=r.path(get("state_dir", str, default="/var/lib/layerpy")),
-        heartbeat=float(get("heartbeat", (int, float), values.positive, default=5.0)),
+        heartbeat=float(get("heartbeat", (int, float), values.positive, default=HEARTBEAT)),
         lost_after=get("lost_after", int, values.positive, default=3),
         power_poll=float(get("power_poll", (int, float), values.positive, default=10.0)),
         log_requests=get("log_requests", bool, default=False),

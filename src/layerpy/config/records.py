@@ -8,6 +8,7 @@ from pathlib import Path
 
 from layerpy.images.source import ImageSource
 from layerpy.power.base import PowerSpec
+from layerpy.proto.agent import HEARTBEAT
 
 DHCP_MODES = ("authoritative", "off")
 POWER_STATES = ("on", "off")
@@ -53,7 +54,7 @@ class ServerConfig:
     tftp_port: int = 69
     dhcp: str = "authoritative"
     state_dir: Path = Path("/var/lib/layerpy")
-    heartbeat: float = 5.0
+    heartbeat: float = HEARTBEAT
     lost_after: int = 3
     power_poll: float = 10.0
     log_requests: bool = False

@@ -226,7 +226,7 @@ class NodeStore:
         try:
             report = Report.from_json(payload)
         except ProtocolMismatch as mismatch:
-            self._wrong_protocol(mismatch, payload)
+            self._wrong_protocol(mismatch)
             raise ReportRejected(400, str(mismatch)) from None
         except ContractError as error:
             raise ReportRejected(400, str(error)) from None
@@ -298,11 +298,10 @@ class NodeStore:
             problem=None,
         )
 
-    def _wrong_protocol(self, mismatch: ProtocolMismatch, payload: Any) -> None:
+    def _wrong_protocol(self, mismatch: ProtocolMismatch) -> None:
         """An agent of another release: shown on its node, if it holds that node's token."""
         node = self.nodes.get(mismatch.node or "")
-        token = payload.get("token") if isinstance(payload, dict) else None
-        if node is None or not isinstance(token, str) or not self._token_ok(node, token):
+        if node is None or mismatch.token is None or not self._token_ok(node, mismatch.token):
             return
         if node.problem != str(mismatch):
             log.error("%s: %s", node.name, mismatch)

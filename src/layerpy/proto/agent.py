@@ -39,11 +39,12 @@ class ContractError(ValueError):
 
 
 class ProtocolMismatch(ContractError):
-    """The peer speaks another major version of the contract; ``node`` is who claims to."""
+    """The peer speaks another major version of the contract; ``node`` and ``token`` are
+    who it claims to be (unchecked)."""
 
-    def __init__(self, message: str, node: str | None = None) -> None:
+    def __init__(self, message: str, node: str | None = None, token: str | None = None) -> None:
         super().__init__(message)
-        self.node = node
+        self.node, self.token = node, token
 
 
 class ImageState(StrEnum):
@@ -58,6 +59,16 @@ class ImageState(StrEnum):
     UPDATING = "updating"
     ERROR = "error"
     STALE = "stale"
+
+
+class Milestone(StrEnum):
+    """The agent's own timeline of a boot (uptime seconds), reported in ``Report.timeline``."""
+
+    AGENT_START = "agent_start"
+    NIC_UP = "nic_up"
+    IP_ACQUIRED = "ip_acquired"
+    HELLO = "hello"
+    IDENTITY = "identity"  # when a discovered machine became its node
 
 
 class Event(StrEnum):
@@ -203,11 +214,12 @@ def _check_protocol(obj: Any, what: str) -> None:
         raise ContractError(f"{what} must be a JSON object")
     theirs = obj.get("protocol")
     if not isinstance(theirs, str) or theirs.split(".")[0] != PROTOCOL.split(".")[0]:
-        node = obj.get("node") if isinstance(obj.get("node"), str) else None
+        node, token = (v if isinstance(v := obj.get(k), str) else None for k in ("node", "token"))
         raise ProtocolMismatch(
             f"{what} speaks layerpy agent protocol {str(theirs)[:20]}, this side {PROTOCOL}: "
             "run the same layerpy release on the server and in the minOS",
             node,
+            token,
         )
 
 
