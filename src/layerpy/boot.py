@@ -99,7 +99,7 @@ class BootPolicy:
         mac, firmware = request.mac, firmware_of(request)
         vendor = request.options.get(OPT_VENDOR_CLASS, b"").decode("ascii", "replace") or None
         location = self._relay_location(request)
-        located = self._node_at(mac, location) if location is not None else None
+        located = self.nodes.who_is(mac, location) if location is not None else None
         node = located or self.nodes.by_mac(mac)
         if node is not None:
             grant: Grant | None = Grant(self._offer_for(node, firmware))
@@ -171,15 +171,6 @@ class BootPolicy:
         if switch is None:
             return None
         return switch, relay[1].decode(errors="replace")
-
-    def _node_at(self, mac: str, location: tuple[str, str]) -> Node | None:
-        """The node NodeStore.locate() will say this MAC is at this port, without binding:
-        the node configured there, unless another machine alive there keeps it."""
-        node = self.nodes.at(location)
-        if node is None:
-            return None
-        current = self.nodes.mac_of(node)
-        return None if current not in (None, mac) and self.nodes.alive(node) else node
 
     def _discovery(self, request: DhcpPacket, firmware: str) -> tuple[Grant | None, str]:
         """A machine no node claims (yet) boots the minOS from the pool, so its agent can

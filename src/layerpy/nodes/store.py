@@ -101,6 +101,16 @@ class NodeStore:
     def mac_of(self, node: Node) -> str | None:
         return self.identities.mac_of(node)
 
+    def who_is(self, mac: str, location: Location) -> Node | None:
+        """The node ``locate()`` will say this MAC is at this port, without binding: the
+        node configured there, unless another machine of its is alive there."""
+        node = self.at(location)
+        return None if node is None or self._held_by_another(node, mac) else node
+
+    def _held_by_another(self, node: Node, mac: str) -> bool:
+        current = self.mac_of(node)
+        return current not in (None, mac) and self.alive(node)
+
     # -- writing (the only code that assigns observed fields) ----------------------------
 
     def _set(self, node: Node, why: str = "", **values: Any) -> None:
@@ -185,7 +195,7 @@ class NodeStore:
                     "chassis": chassis, "mac": mac, "at": now}  # fmt: skip
         current = self.mac_of(node)
         if current != mac:
-            if current and self.alive(node):
+            if self._held_by_another(node, mac):
                 message = f"{mac} claims {where}, where {current} is alive: not bound"
                 if node.conflict != message:
                     self._event(node.name, "conflict", message)
