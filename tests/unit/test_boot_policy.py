@@ -17,20 +17,14 @@ from layerpy.proto.leases import BOUND, DECLINED, OFFERED, QUARANTINE
 from layerpy.services.dhcp import DhcpService
 from layerpy.stats import Stats
 
+from clock import Clock
+
 KNOWN = "52:54:00:99:00:11"
 STRANGER = "52:54:00:00:00:01"
 SERVER = IPv4Address("10.99.0.1")
 RELAY = IPv4Address("10.99.0.254")
 ZERO = IPv4Address(0)
 LOCATED = '\n[switches.sw1]\nrelay = "10.99.0.254"\n\n[nodes.cn003]\nip = "10.99.0.13"\nlocation = "sw1:swp3"\n'
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def request(message: int, mac: str = KNOWN, *, ciaddr=ZERO, giaddr=ZERO, **options: bytes):

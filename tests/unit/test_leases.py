@@ -8,16 +8,10 @@ import pytest
 
 from layerpy.proto.leases import BOUND, DECLINED, FREE, HOLD, OFFERED, QUARANTINE, LeaseTable
 
+from clock import Clock
+
 IP = IPv4Address
 A, B, C = "52:54:00:00:00:0a", "52:54:00:00:00:0b", "52:54:00:00:00:0c"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

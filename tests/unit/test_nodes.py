@@ -11,13 +11,7 @@ from layerpy.model import Phase, PowerState, RunState
 from layerpy.nodes import GAP, Ack, NodeStore, ReportRejected
 from layerpy.proto.agent import PROTOCOL
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from clock import Clock
 
 
 @pytest.fixture
@@ -99,40 +93,26 @@ def test_uefi_pxe_chain_is_one_boot(inventory: NodeStore) -> None:
     assert node.boot.firmware == "uefi"
 
 
+HELLO = {
+    "node": "cn001",
+    "token": "t",
+    "mac": "52:54:00:99:00:11",
+    "ip": "10.99.0.11",
+    "boot_id": "b",
+    "seq": 1,
+    "event": "hello",
+    "protocol": PROTOCOL,
+}
+
+
 @pytest.mark.parametrize(
     ("payload", "status", "reason"),
     [
         ([], 400, "must be a JSON object"),
         ({"node": "cn001", "protocol": PROTOCOL}, 400, "report.token is missing"),
         ({"node": "cn001"}, 400, "protocol None, this side 1.0"),
-        (
-            {
-                "node": "nope",
-                "token": "t",
-                "mac": "52:54:00:99:00:11",
-                "ip": "10.99.0.11",
-                "boot_id": "b",
-                "seq": 1,
-                "event": "hello",
-                "protocol": PROTOCOL,
-            },
-            404,
-            "no node named 'nope'",
-        ),
-        (
-            {
-                "node": "cn001",
-                "token": "wrong",
-                "mac": "52:54:00:99:00:11",
-                "ip": "10.99.0.11",
-                "boot_id": "b",
-                "seq": 1,
-                "event": "hello",
-                "protocol": PROTOCOL,
-            },
-            403,
-            "wrong boot token",
-        ),
+        (HELLO | {"node": "nope"}, 404, "no node named 'nope'"),
+        (HELLO | {"token": "wrong"}, 403, "wrong boot token"),
     ],
 )
 def test_rejected_reports(inventory: NodeStore, payload, status: int, reason: str) -> None:

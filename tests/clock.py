@@ -1,0 +1,9 @@
+"""A clock the test moves by hand: ``clock.now += 5``."""
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
