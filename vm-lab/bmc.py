@@ -12,6 +12,11 @@ server can only do suite 3 yet would accept a suite-17 proposal and answer in su
 pyghmi's client cannot follow; refused, the client retries with suite 3. Redfish is plain
 HTTP with basic auth or session tokens: fine inside a lab namespace, not on a real network.
 
+A slow or late BMC, as real ones are (they answer in seconds and take 90-200 s to reset):
+``--delay S`` holds every IPMI reply and every Redfish answer back by S seconds (requests are
+handled at once, in order, so the BMC's state moves as soon as a request arrives), and
+``--start-after S`` keeps both ports closed for S seconds after the process starts.
+
 Runs inside the lab namespace, one process per VM (``start_bmc`` below). The password comes
 from a file, never the command line.
 """
@@ -21,6 +26,8 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import heapq
+import itertools
 import json
 import secrets
 import socket
@@ -35,6 +42,7 @@ from typing import Any
 
 from pyghmi.ipmi.bmc import Bmc
 from pyghmi.ipmi.private import serversession
+from pyghmi.ipmi.private import session as pyghmi_session
 
 HERE = Path(__file__).resolve().parent
 BMC_DEVICE = "bmc0"  # a port-less bridge in the lab namespace holding every BMC address
@@ -63,6 +71,34 @@ def qmp(path: Path, *commands: str) -> list[Any]:
                 raise RuntimeError(f"QMP {name}: {reply['error']['desc']}")
             results.append(reply["return"])
     return results[1:]
+
+
+class DelayedSender:
+    """Every UDP packet this process sends (all are IPMI replies), sent `delay` seconds late
+    by one thread in the order they were made: pyghmi sends through one module function."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.send = pyghmi_session._io_sendto
+        self.queue: list[tuple[float, int, Any, bytes, Any]] = []
+        self.order = itertools.count()
+        self.ready = threading.Condition()
+        threading.Thread(target=self.run, name="delayed-send", daemon=True).start()
+        pyghmi_session._io_sendto = self.later
+
+    def later(self, sock: Any, packet: bytes, sockaddr: Any) -> None:
+        with self.ready:
+            due = time.monotonic() + self.delay
+            heapq.heappush(self.queue, (due, next(self.order), sock, bytes(packet), sockaddr))
+            self.ready.notify()
+
+    def run(self) -> None:
+        while True:
+            with self.ready:
+                while not self.queue or self.queue[0][0] > time.monotonic():
+                    self.ready.wait(self.queue[0][0] - time.monotonic() if self.queue else None)
+                _, _, sock, packet, sockaddr = heapq.heappop(self.queue)
+            self.send(sock, packet, sockaddr)
 
 
 class Suite3Session(serversession.ServerSession):
@@ -168,6 +204,7 @@ class RedfishHandler(BaseHTTPRequestHandler):
         self.route("DELETE")
 
     def route(self, method: str) -> None:
+        time.sleep(self.server.delay)  # a slow BMC (--delay): each request in its own thread
         path = self.path.split("?")[0].rstrip("/")
         length = int(self.headers.get("Content-Length") or 0)
         try:
@@ -311,9 +348,10 @@ def system(bmc: QemuBmc) -> dict[str, Any]:
 class RedfishServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], bmc: QemuBmc) -> None:
+    def __init__(self, address: tuple[str, int], bmc: QemuBmc, delay: float = 0.0) -> None:
         super().__init__(address, RedfishHandler)
         self.bmc = bmc
+        self.delay = delay
         self.sessions: dict[str, str] = {}  # session id -> token
 
 
@@ -331,6 +369,8 @@ def start_bmc(
     redfish_port: int = 8000,
     prefix: int = 24,
     timeout: float = 15,
+    delay: float = 0.0,
+    start_after: float = 0.0,
 ) -> subprocess.Popen:
     """Start the BMC of lab VM `vm_name` at `address` inside the lab's namespace.
 
@@ -338,6 +378,10 @@ def start_bmc(
     has no dummy interfaces): an out-of-band network reachable only from inside the
     namespace. Returns once the BMC listens on both ports; its log is
     ``<run_dir>/<vm_name>.bmc.log``. The interpreter is this one: it needs pyghmi.
+
+    `delay` makes every answer that many seconds late. With `start_after`, the BMC opens
+    its ports only that many seconds from now (a BMC still resetting): this returns once
+    the process runs, with the address already up and nothing listening behind it.
     """
     if lab.run(["ip", "link", "show", BMC_DEVICE], check=False).returncode:
         lab.run(["ip", "link", "add", BMC_DEVICE, "type", "bridge"])
@@ -350,9 +394,11 @@ def start_bmc(
     cmd = [sys.executable, str(HERE / "bmc.py"), "--qmp", str(lab.run_dir / f"{vm_name}.qmp")]
     cmd += ["--address", address, "--ipmi-port", str(ipmi_port)]
     cmd += ["--redfish-port", str(redfish_port), "--user", user]
+    cmd += ["--delay", str(delay), "--start-after", str(start_after)]
     proc = lab.popen([*cmd, "--password-file", str(password_file)], log=log)
     deadline = time.monotonic() + timeout
-    while b"bmc ready" not in log.read_bytes()[start:]:
+    awaited = b"bmc starting" if start_after else b"bmc ready"
+    while awaited not in log.read_bytes()[start:]:
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"{vm_name}: BMC did not come up:\n{log.read_text()[-2000:]}")
         time.sleep(0.05)
@@ -367,10 +413,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redfish-port", type=int, default=8000)
     parser.add_argument("--user", default="admin")
     parser.add_argument("--password-file", type=Path, required=True)
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds to hold each answer")
+    parser.add_argument("--start-after", type=float, default=0.0, help="seconds before listening")
     args = parser.parse_args(argv)
     password = args.password_file.read_text().strip()
+    print(f"bmc starting: listening in {args.start_after:g} s, delay {args.delay:g} s", flush=True)
+    time.sleep(args.start_after)
+    if args.delay > 0:
+        DelayedSender(args.delay)
     bmc = QemuBmc(args.qmp, args.user, password, args.address, args.ipmi_port)
-    redfish = RedfishServer((args.address, args.redfish_port), bmc)
+    redfish = RedfishServer((args.address, args.redfish_port), bmc, args.delay)
     threading.Thread(target=redfish.serve_forever, daemon=True).start()
     state = bmc.get_power_state()
     print(

@@ -3,9 +3,16 @@ and none. ``make_driver`` builds the one a node's spec names."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Iterable
+
 from layerpy.power.base import DRIVERS, PowerDriver, PowerError, PowerSpec
 
-__all__ = ["NoneDriver", "PowerDriver", "PowerError", "PowerSpec", "make_driver"]
+__all__ = ["NoneDriver", "PowerDriver", "PowerError", "PowerSpec", "close_all", "make_driver"]
+
+log = logging.getLogger("layerpy.power")
+CLOSING_AT_ONCE = 64  # drivers closed concurrently by close_all
 
 
 class NoneDriver:
@@ -54,3 +61,30 @@ def make_driver(node: str, spec: PowerSpec) -> PowerDriver:
     from layerpy.power.qemu import QemuDriver
 
     return QemuDriver(node, spec)
+
+
+async def close_all(drivers: Iterable[PowerDriver], timeout: float) -> None:
+    """Close every driver, at most CLOSING_AT_ONCE at a time, and return within `timeout`
+    seconds whatever the BMCs do: a shutdown (systemd kills after 90 s) must not wait for
+    a thousand dead BMCs one after the other. Closing drops a driver's queued work; what
+    is still running is abandoned (IPMI threads are daemons, never joined at exit)."""
+    slots = asyncio.Semaphore(CLOSING_AT_ONCE)
+
+    async def close(driver: PowerDriver) -> None:
+        async with slots:
+            await driver.close()
+
+    tasks = [asyncio.create_task(close(driver)) for driver in drivers]
+    if not tasks:
+        return
+    done, pending = await asyncio.wait(tasks, timeout=timeout)
+    for task in pending:
+        task.cancel()
+    if pending:  # cancelled closes end at once (they only await), but never hang on one
+        await asyncio.wait(pending, timeout=1.0)
+    failed = [t for t in done if not t.cancelled() and t.exception() is not None]
+    if pending or failed:
+        log.warning(
+            "power drivers closed: %d of %d not within %g s, %d failed",
+            len(pending), len(tasks), timeout, len(failed),
+        )  # fmt: skip

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 DRIVERS = ("ipmi", "redfish", "qemu", "none")
+MAX_SESSIONS = 16  # IPMI worker threads: concurrent sessions with BMCs
 
 
 class PowerError(Exception):

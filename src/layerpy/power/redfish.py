@@ -7,6 +7,7 @@ path when it names one, else the first member of ``/redfish/v1/Systems``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -17,7 +18,8 @@ from yarl import URL
 
 from layerpy.power.base import PowerError, PowerSpec, scrub
 
-TIMEOUT = 5.0  # seconds per request
+TIMEOUT = 15.0  # seconds per request: real BMCs take seconds, more when busy or just reset
+LOGOUT_WAIT = 2.0  # seconds close() waits for the BMC to confirm the end of the session
 SESSIONS = "/redfish/v1/SessionService/Sessions"
 
 
@@ -71,8 +73,9 @@ class RedfishDriver:
         if http is None:
             return
         if self._session_uri:
-            with contextlib.suppress(PowerError):  # else the BMC expires it itself
-                await self._request("DELETE", self._session_uri, http=http)
+            with contextlib.suppress(PowerError, TimeoutError):  # else the BMC expires it
+                async with asyncio.timeout(LOGOUT_WAIT):
+                    await self._request("DELETE", self._session_uri, http=http)
         self._token = self._session_uri = None
         self._logged_in = False
         await http.close()
