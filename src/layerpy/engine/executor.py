@@ -43,6 +43,7 @@ class _Node:
     epoch: int = 0
     failures: deque[tuple[float, str, str]] | None = None
     attempts: int = 0  # failures since the node last converged or was reset
+    failing_since: float = 0.0  # when the first of those failures happened
     retry_at: float = 0.0
     gave_up: str | None = None
     blocked: str | None = None
@@ -88,6 +89,9 @@ class Engine:
         self._nodes[node] = rec
         self._mark(rec)
 
+    def has(self, node: str) -> bool:
+        return node in self._nodes
+
     def remove_node(self, node: str) -> None:
         rec = self._nodes.pop(node)
         if rec.current is not None:
@@ -104,7 +108,7 @@ class Engine:
         if goal == rec.goal:
             return
         rec.goal = goal
-        self._reset(rec)
+        self._reset(rec, "the cfg changed")
         if rec.current is not None:
             try:
                 keep = self.graph.steps(rec.state, goal)[:1] == (rec.current,)
@@ -121,9 +125,11 @@ class Engine:
         state = self.graph.state(values, rec.state)
         if state == rec.state:
             return
-        rec.state = state
-        if rec.gave_up:
-            self._reset(rec)  # the world moved: worth another round of attempts
+        before, rec.state = rec.state, state
+        if rec.gave_up:  # the world moved: worth another round of attempts
+            news = (f"{v.name}={new}" for v, old, new in zip(
+                self.graph.variables, before, state, strict=True) if old != new)  # fmt: skip
+            self._reset(rec, f"{' '.join(news)} observed")
         mutation = rec.current
         if mutation is not None:
             if self.graph.done(mutation, rec.origin, state):
@@ -339,11 +345,19 @@ class Engine:
             rec.failures = deque(maxlen=HISTORY)
         rec.failures.append((now, mutation.name, reason))
         self._count["failures"] += 1
+        if not rec.attempts:
+            rec.failing_since = now
         rec.attempts += 1
         if rec.attempts >= self.max_failures:
             rec.gave_up = f"gave up after {rec.attempts} failures; last: {mutation.name} {reason}"
             self._count["gave_up"] += 1
-            log.error("%s: %s", rec.name, rec.gave_up)
+            # Said once, and loudly: from here only news (a changed observation, such as a
+            # BMC poll that answers again) or a new cfg makes the engine try this node again.
+            log.error(
+                "%s: %s (the first %.0f s ago); no more attempts until an observation "
+                "or the cfg changes",
+                rec.name, rec.gave_up, now - rec.failing_since,
+            )  # fmt: skip
         else:
             first, cap = self.backoff
             rec.retry_at = now + min(cap, first * 2 ** (rec.attempts - 1))
@@ -357,10 +371,11 @@ class Engine:
             old, new = self.graph.values(before), self.graph.values(state)
             self.on_write(rec.name, {var: v for var, v in new.items() if old.get(var) != v})
 
-    def _reset(self, rec: _Node) -> None:
+    def _reset(self, rec: _Node, why: str) -> None:
         """Forget the failure count: new wishes or news deserve fresh attempts."""
         rec.attempts, rec.retry_at = 0, 0.0
         if rec.gave_up:
+            log.info("%s: trying again after giving up: %s", rec.name, why)
             rec.gave_up = None
             self._count["gave_up"] -= 1
 
