@@ -462,3 +462,37 @@ async def test_ten_thousand_nodes_converge_quickly():
     assert elapsed < 3, f"{elapsed:.2f} s"
     assert peak <= 64
     assert engine.stats()["failures"] == 0 and engine.explain(nodes[-1])["dsc"] == UP
+
+
+@scenario
+async def test_a_lost_bmc_is_given_up_out_loud_and_taken_up_again_on_news(caplog):
+    """Issue 9: a lab BMC answered nothing for minutes; the engine fired power.retry five
+    times in 40 s (backoff 1, 2, 4, 8 s) and stopped for good, its one line at the fifth
+    failure lost among the poll errors, saying neither how long it had tried nor what
+    would make it try again, and nothing when it did. It says all of that now."""
+    caplog.set_level(logging.INFO, "layerpy.engine")
+    world = World()  # the defaults: five failures, backoff from 1 s
+    world.effects["power_status"] = RuntimeError("BMC 10.99.1.11 unreachable (no answer in 6 s)")
+    world.engine.add_node("cn1", WANT_UP, {**OFF, "power": "error"})  # a failed poll
+    for _ in range(8):  # 1 + 2 + 4 + 8 s of backoff, and then some
+        await world.settle(8.0)
+    assert world.calls == [("cn1", "power_status")] * 5
+    gave_up = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert [r.getMessage() for r in gave_up] == [
+        "cn1: gave up after 5 failures; last: power.retry failed: BMC 10.99.1.11 unreachable "
+        "(no answer in 6 s) (the first 32 s ago); no more attempts until an observation or "
+        "the cfg changes"
+    ]
+    await world.settle(3600)
+    world.engine.observe("cn1", power="error")  # the BMC poller: still no answer, no news
+    await world.settle()
+    assert len(world.calls) == 5 and world.explain()["gave_up"]
+
+    caplog.clear()
+    world.engine.observe("cn1", power="off")  # the BMC answers again
+    await world.settle()
+    assert world.calls[5:] == [("cn1", "power_on")]
+    assert caplog.messages[:2] == [
+        "cn1: trying again after giving up: power=off observed",
+        "cn1: fire power.on",
+    ]
