@@ -163,9 +163,10 @@ class Lifecycle:
         """A reloaded file: overrides end, changed nodes get their new cfg and drivers."""
         if added or removed or changed:
             self.overrides.clear()
+        for name in removed:
+            self.assigned.pop(name, None)  # a changed node runs its image until told anew
         for name in removed | changed:
             self.engine.remove_node(name)
-            self.assigned.pop(name, None)
             driver = self.drivers.pop(name, None)
             if driver is not None:
                 await driver.close()
