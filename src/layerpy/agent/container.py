@@ -45,7 +45,7 @@ def _key(spec: ImageSpec | None) -> str | None:
     """What makes a new container: the image and how it is run (not the URL it comes from)."""
     if spec is None:
         return None
-    return json.dumps(encode(spec) | {"url": None}, sort_keys=True)
+    return json.dumps(encode(dataclasses.replace(spec, name="", url="")), sort_keys=True)
 
 
 class Runner:

@@ -23,7 +23,7 @@ class Context(Protocol):
     store: NodeStore
     catalog: Catalog
     drivers: Mapping[str, PowerDriver]
-    assigned: dict[str, str]
+    assigned: dict[str, tuple[str, str]]
 
     def image_of(self, name: str) -> str | None: ...
 
@@ -63,7 +63,7 @@ async def image_assign(ctx: Context, name: str) -> None:
     """The digest the node's agent is told to run from its next answer on."""
     wanted = ctx.image_of(name)
     image = ctx.catalog.current(wanted or "")
-    ctx.assigned[name] = image.digest
+    ctx.assigned[name] = (wanted or "", image.digest)
     images_log.info("%s: assigned image %s %s", name, wanted, image.digest[:19])
 
 

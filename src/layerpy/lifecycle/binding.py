@@ -37,7 +37,9 @@ class Lifecycle:
         self.catalog = catalog
         self.overrides: dict[str, dict[str, str]] = {}
         self.drivers: dict[str, PowerDriver] = {}
-        self.assigned: dict[str, str] = {}  # node -> image digest its agent is told to run
+        # node -> (image name, digest) its agent is told to run, until the engine assigns
+        # another: a node whose wanted image fails to pull stays on this one
+        self.assigned: dict[str, tuple[str, str]] = {}
         table = mutations()
         missing = {m.action for m in table if m.action and m.action not in ACTIONS}
         if missing:
@@ -117,10 +119,10 @@ class Lifecycle:
         return self.overrides.get(name, {}).get("image", file_image)
 
     def image_spec(self, name: str) -> ImageSpec | None:
-        """What the node's agent is told to run: the digest the engine assigned it."""
-        digest, image = self.assigned.get(name), self.image_of(name)
-        if not (digest and image):
+        """What the node's agent is told to run: the image the engine assigned it."""
+        if name not in self.assigned:
             return None
+        image, digest = self.assigned[name]
         return self.catalog.spec(image, digest, self.store.config.server.url)
 
     def desired_of(self, name: str) -> dict[str, str | None]:
