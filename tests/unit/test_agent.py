@@ -510,12 +510,16 @@ def test_redo_dhcp_releases_then_asks_again(tmp_path) -> None:
         ["sh", "-c", f"trap 'echo usr2 >>{got}' USR2; trap 'echo term >>{got}; rm {nic.pidfile};"
          f" exit' TERM; echo $$ >{nic.pidfile}; while :; do sleep 0.01; done"]
     )  # fmt: skip
-    while not os.path.exists(nic.pidfile):
-        time.sleep(0.01)
-    assert nic.redo_dhcp("cn002", time.sleep, wait=1.0) == "10.99.0.12"
-    assert udhcpc.wait(60) == 0  # generous: a busy machine runs the traps late
-    assert got.read_text().split() == ["usr2", "term"]  # release, then exit
-    assert started == ["cn002"]  # a fresh DISCOVER with the new hostname
+    try:
+        while not os.path.exists(nic.pidfile):
+            time.sleep(0.01)
+        assert nic.redo_dhcp("cn002", time.sleep, wait=1.0) == "10.99.0.12"
+        assert udhcpc.wait(60) == 0  # generous: a busy machine runs the traps late
+        assert got.read_text().split() == ["usr2", "term"]  # release, then exit
+        assert started == ["cn002"]  # a fresh DISCOVER with the new hostname
+    finally:
+        udhcpc.kill()  # never left behind, whatever failed
+        udhcpc.wait()
 
 
 def test_answer_in_another_major_protocol_is_said_once_and_ignored(
