@@ -117,7 +117,18 @@ class Suite3Session(serversession.ServerSession):
         self.bmc.sessionless_data(data, sockaddr)
 
 
-class QemuBmc(Bmc):
+class Suite3Bmc(Bmc):
+    """pyghmi's BMC, opening RMCP+ sessions with Suite3Session (see the module doc)."""
+
+    def sessionless_data(self, data: bytes, sockaddr: Any) -> None:
+        if data[:4] != b"\x06\x00\xff\x07" or data[4:6] != b"\x06\x10":
+            super().sessionless_data(data, sockaddr)
+        elif len(data) >= 48:  # RMCP+ header, then a 32-byte open session request
+            args = (self.authdata, self.kg, sockaddr, self.serversocket, data[16:], self.uuid)
+            Suite3Session(*args, self)
+
+
+class QemuBmc(Suite3Bmc):
     """One VM's BMC: power and boot override over IPMI, shared with the Redfish endpoint."""
 
     def __init__(self, qmp_path: Path, user: str, password: str, address: str, port: int) -> None:
@@ -165,16 +176,6 @@ class QemuBmc(Bmc):
 
     def get_system_guid(self) -> uuid.UUID:
         return self.uuid
-
-    # --- IPMI ----------------------------------------------------------------------------
-
-    def sessionless_data(self, data: bytes, sockaddr: Any) -> None:
-        """Open RMCP+ sessions with Suite3Session rather than pyghmi's ServerSession."""
-        if data[:4] != b"\x06\x00\xff\x07" or data[4:6] != b"\x06\x10":
-            super().sessionless_data(data, sockaddr)
-        elif len(data) >= 48:  # RMCP+ header, then a 32-byte open session request
-            args = (self.authdata, self.kg, sockaddr, self.serversocket, data[16:], self.uuid)
-            Suite3Session(*args, self)
 
 
 # --- Redfish -------------------------------------------------------------------------------

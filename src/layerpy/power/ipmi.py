@@ -17,10 +17,24 @@ what follows from it:
 - A command in a logged-in session would be retried for about 30 s, with a fresh login on
   the way, while the worker stays blocked. Limited to one resend without re-login, it
   gives up after ``2 * PACKET_TIMEOUT``; the next operation logs in afresh.
+- pyghmi guards its sessions with two global locks taken in opposite orders: a send holds
+  KEEPALIVE_SESSIONS, then takes WAITING_SESSIONS; timeout processing holds
+  WAITING_SESSIONS and resends, taking KEEPALIVE_SESSIONS. Two workers meeting there
+  deadlock, and every IPMI call of the process hangs for good: callers see "no answer",
+  later ones "an earlier command still waits", and the exit (which joined the workers)
+  never comes. With 1 024 sessions whose BMCs had just died it happened within seconds
+  (tests/proto/test_shutdown.py). Both names are made one lock here. Timeout processing,
+  under that lock, drops a broken session with a logout that first waits for the
+  command in flight, a second or more with everyone else waiting: a broken session is
+  dropped here without that logout.
+- pyghmi's send switches the shared UDP socket to blocking mode, its IO thread switches
+  it back before each read: a send between the two leaves the IO thread blocked in
+  ``recvfrom()`` on a socket with nothing to read, and every IPMI call of the process
+  waits for good. Sends here never switch the mode (``MSG_DONTWAIT``).
 - A reply that arrives before the caller has started waiting is only noticed at the
   retry timer, ``PACKET_TIMEOUT`` later; under load that hits a third of commands, and a
-  login beside a dead BMC's nearly always. ``_io_wait`` is wrapped to return at once when
-  packets are already queued, and to wait at most ``WAKE_EVERY`` in any case.
+  login beside a dead BMC's nearly always. ``_io_wait`` here returns at once when packets
+  are already queued, and waits at most ``WAKE_EVERY`` in any case.
 
 Work for one BMC runs one job at a time (pyghmi shares a session per BMC and user, and two
 commands in one session confuse it), in a bounded pool of daemon threads. A login is a job
@@ -36,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
+import socket
 import threading
 import time
 from collections import deque
@@ -58,7 +73,7 @@ WAKE_EVERY = 0.2  # seconds: the longest a worker sleeps before looking for its 
 T = TypeVar("T")
 
 pyghmi_session.initialtimeout = PACKET_TIMEOUT
-_pyghmi_io_wait = pyghmi_session._io_wait
+pyghmi_session.WAITING_SESSIONS = pyghmi_session.KEEPALIVE_SESSIONS  # no lock-order deadlock
 _pyghmi_max_timeout = pyghmi_session.Session._getmaxtimeout
 
 
@@ -70,30 +85,64 @@ def _max_timeout(session: Any) -> float:
 
 
 pyghmi_session.Session._getmaxtimeout = _max_timeout
+_pyghmi_logout = pyghmi_session.Session.logout
+
+
+def _logout(session: Any, sessionok: bool = True) -> Any:
+    """pyghmi's logout; for a broken session (``sessionok`` false, pyghmi's own call
+    under its global lock) without the logout request, which waits first (see above)."""
+    if not sessionok:
+        session.logged = 0
+    return _pyghmi_logout(session, sessionok)
+
+
+pyghmi_session.Session.logout = _logout
 
 
 def _io_wait(timeout: float, myaddr: Any = None, evq: Any = None) -> None:
-    """pyghmi's wait for a reply, skipped when the reply is already queued and never
-    longer than WAKE_EVERY (see above): every caller loops until its own condition holds."""
+    """pyghmi's wait for a reply (the IO thread sets the event), skipped when the reply is
+    already queued, never longer than WAKE_EVERY (every caller loops until its own
+    condition holds) and not for ever should the IO thread miss it; its wake-up call to
+    the IO thread does not block (see above)."""
+    ps = pyghmi_session
     if evq is None:
         if myaddr is None:
-            if pyghmi_session.sessionqueue:
+            if ps.sessionqueue:
                 return
         else:
-            handlers = pyghmi_session.Session.bmc_handlers.get(myaddr, {})
+            handlers = ps.Session.bmc_handlers.get(myaddr, {})
             if any(handler.pktqueue for handler in list(handlers.values())):
                 return
-    _pyghmi_io_wait(min(timeout, WAKE_EVERY), myaddr, evq)
+    timeout = max(0.0, min(timeout, WAKE_EVERY))
+    event = threading.Event()
+    if evq is not None:
+        evq.append(event)
+    deadline = timeout + ps._monotonic_time()
+    ps.ioqueue.append((deadline, event, myaddr))
+    if deadline < ps.selectdeadline and ps.iosockets:
+        wake = ps.iosockets[0]
+        _io_sendto(wake, b"\x01", (ps.myself, wake.getsockname()[1]))
+    event.wait(timeout + WAKE_EVERY)
+
+
+def _io_sendto(sock: socket.socket, packet: bytes, sockaddr: Any) -> None:
+    """pyghmi's send, without switching the shared socket to blocking mode: the IO thread
+    switches it back before each read, and a switch between the two left it blocked in
+    recvfrom() for good (see above). A full buffer drops the packet; it is sent again."""
+    with contextlib.suppress(OSError):
+        sock.sendto(packet, socket.MSG_DONTWAIT, sockaddr)
 
 
 pyghmi_session._io_wait = _io_wait
+pyghmi_session._io_sendto = _io_sendto
 
 
 class _Pool:
     """At most ``size`` daemon threads running jobs in order of submission.
 
-    Not a ThreadPoolExecutor: that one runs every queued job and joins its threads at
-    interpreter exit, so 1024 dead BMCs' queued polls held ``layerpy serve`` for minutes.
+    Not a ThreadPoolExecutor: that one joins its threads at interpreter exit, so a thread
+    stuck in pyghmi (on a dead BMC for seconds, in its lock deadlock for ever) held up the
+    exit of ``layerpy serve``.
     """
 
     def __init__(self, size: int) -> None:
@@ -171,6 +220,19 @@ class _Channel:
 _channels: dict[tuple[str, int], _Channel] = {}
 
 
+def _retrieved(result: asyncio.Future[Any]) -> None:
+    if not result.cancelled():
+        result.exception()
+
+
+def _settle(future: Future[T], job: Callable[[], T]) -> None:
+    """Run `job` into `future` (in a thread)."""
+    try:
+        future.set_result(job())
+    except BaseException as error:
+        future.set_exception(error)
+
+
 class IpmiDriver:
     """One node's BMC; the session is reused while fresh and replaced after any error."""
 
@@ -216,13 +278,19 @@ class IpmiDriver:
         itself. Waits at most ``LOGOUT_WAIT`` seconds: a shutdown must not hang on a BMC."""
         for job in list(self._jobs):
             job.cancel()
-        if self._command is not None:
-            busy = self._channel.busy  # still stuck on a command: the logout comes after
-            logout = self._submit(self._logout)
-            if not busy:
-                with contextlib.suppress(TimeoutError, PowerError):
-                    logout_done = asyncio.shield(asyncio.wrap_future(logout))
-                    await asyncio.wait_for(logout_done, LOGOUT_WAIT)
+        if self._command is None:
+            return
+        if self._channel.busy:  # stuck on a command: the logout follows it, unwaited for
+            self._submit(self._logout)
+            return
+        # pyghmi sends a logout without waiting for its answer: a thread of its own, so
+        # that workers busy with dead BMCs do not hold it up
+        logout: Future[None] = Future()
+        threading.Thread(target=_settle, args=(logout, self._logout), daemon=True).start()
+        result = asyncio.wrap_future(logout)
+        result.add_done_callback(_retrieved)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(result), LOGOUT_WAIT)
 
     # -- the caller's side -------------------------------------------------------------
 
@@ -243,8 +311,10 @@ class IpmiDriver:
         """The job's result; when the caller stops waiting (timeout or cancellation), a job
         not to `keep` is dropped unless it has started."""
         remaining = max(0.0, TIMEOUT - (time.monotonic() - begun))
+        result = asyncio.wrap_future(job)
+        result.add_done_callback(_retrieved)  # no "never retrieved" once the caller left
         try:
-            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(job)), remaining)
+            return await asyncio.wait_for(asyncio.shield(result), remaining)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if job.cancelled() and task is not None and not task.cancelling():

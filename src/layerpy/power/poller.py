@@ -67,6 +67,7 @@ class Poller:
         self._failing_slots = limit - max(1, limit // 4) if limit > 1 else 1
         self._failing_now = 0  # polls of failing BMCs in flight
         self._tie = itertools.count()
+        self._next_look = 0.0  # when _follow next compares the mapping's names with ours
         self._tasks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
 
@@ -106,10 +107,12 @@ class Poller:
                 await asyncio.wait(self._tasks)
 
     def _follow(self, now: float) -> None:
-        """New names are due now; names gone from the mapping are forgotten."""
+        """New names are due now; names gone from the mapping are forgotten. A full look
+        once an interval, or when the count changed: not at every poll's end."""
         drivers = self.drivers
-        if len(self._bmcs) == len(drivers) and all(name in self._bmcs for name in drivers):
+        if len(self._bmcs) == len(drivers) and now < self._next_look:
             return
+        self._next_look = now + self.interval
         for name in drivers:
             if name not in self._bmcs:
                 self._bmcs[name] = bmc = _Bmc()
