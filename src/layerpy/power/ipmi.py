@@ -391,6 +391,8 @@ class IpmiDriver:
                 command.ipmi_session.logout()
 
     def _unreachable(self, seconds: float) -> PowerError:
+        """Whole seconds, rounded down: 12.4 and 12.6 s read alike, so that the node store,
+        which logs an error again when its text changes, does not log each poll."""
         return PowerError(
-            f"{self.node}: BMC {self.address} unreachable (no answer in {seconds:.0f} s)"
+            f"{self.node}: BMC {self.address} unreachable (no answer in {int(seconds)} s)"
         )
