@@ -1,5 +1,3 @@
-import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -7,12 +5,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from netns import Link
-
-
-def need_root() -> None:
-    if os.geteuid() != 0 or not shutil.which("ip"):
-        pytest.fail("protocol tests need root and iproute2 (run them through tests/run.sh)")
+from netns import Link, need_root
 
 
 @pytest.fixture

@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Sequence
 
 _counter = itertools.count()
+
+
+def need_root() -> None:
+    """Fail, saying why, where namespaces cannot be made."""
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        raise AssertionError(
+            "protocol tests need root and iproute2 (run them through tests/run.sh)"
+        )
 
 
 def unique_name(prefix: str) -> str:

@@ -86,9 +86,7 @@ def wait(condition, timeout: float, what: str, log: Path) -> float:
 def test_serve_exits_within_seconds_of_sigterm_with_1024_dead_bmcs(
     tmp_path: Path, bmcs: str
 ) -> None:
-    from conftest import need_root  # here: this file also runs as the stand-ins' script
-
-    from netns import Netns
+    from netns import Netns, need_root  # here: this file also runs as the stand-ins' script
 
     need_root()
     config = node_file(tmp_path)
