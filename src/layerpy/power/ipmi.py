@@ -378,7 +378,10 @@ class IpmiDriver:
             if isinstance(error, PowerError):
                 raise PowerError(f"{self.node}: BMC {self.address}: {error}") from None
             text = str(error) if error.args and error.args[0] else ""
-            if text in ("", "timeout", "Session no longer connected"):
+            # pyghmi reads a command's timed-out answer ({"error": "timeout"}) as if it had
+            # come and fails on its missing "command": that is silence too
+            silent = isinstance(error, KeyError) or text in ("", "timeout")
+            if silent or text == "Session no longer connected":
                 raise self._unreachable(time.monotonic() - begun) from None
             reason = scrub(text, self.spec.password)
             raise PowerError(f"{self.node}: BMC {self.address}: {reason}") from None
