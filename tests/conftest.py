@@ -6,6 +6,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from netns import Link, need_root
+from nodefile import BOOT_SECTIONS, write_boot_files
 
 
 @pytest.fixture
@@ -30,14 +31,7 @@ subnet = "{subnet}"
 gateway = "{server}"
 pool = "{pool}"
 
-[minos]
-kernel = "vmlinuz"
-initrd = "initrd"
-cmdline = "console=ttyS0"
-
-[ipxe]
-dir = "ipxe"
-
+{boot_sections}
 [groups.compute]
 nodes = "cn[001-002]"
 ip = "{prefix}.[11-12]"
@@ -57,11 +51,7 @@ def make_config(tmp_path: Path):
         http_port: int = 8080,
         **extra: str,
     ):
-        for name in ("vmlinuz", "initrd"):
-            (tmp_path / name).write_bytes(name.encode() * 1000)
-        (tmp_path / "ipxe").mkdir(exist_ok=True)
-        for name in ("undionly.kpxe", "snponly.efi"):
-            (tmp_path / "ipxe" / name).write_bytes(b"\x90" * 3000)
+        write_boot_files(tmp_path)
         prefix = server.rsplit(".", 1)[0]
         text = LAB_LIKE.format(
             interface=interface,
@@ -71,6 +61,7 @@ def make_config(tmp_path: Path):
             pool=f"{prefix}.200-{prefix}.250",
             client_mac=client_mac,
             http_port=http_port,
+            boot_sections=BOOT_SECTIONS,
         ) + "".join(extra.values())
         path = tmp_path / "nodes.toml"
         path.write_text(text)

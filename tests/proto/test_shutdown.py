@@ -30,10 +30,10 @@ PASSWORD = "stand-in-Secret-3"
 FLEET = 256  # stand-in BMCs per process
 BOUND = 20.0  # seconds from SIGTERM to exit, generous for a busy CI machine (target: 5)
 
-NODE_FILE = f"""\
+NODE_FILE = """\
 [server]
 interface = "d0"
-address = "{SERVER}"
+address = "{server}"
 state_dir = "state"
 http_port = 8080
 dhcp = "off"
@@ -41,19 +41,12 @@ power_poll = 10
 
 [network]
 subnet = "10.70.0.0/16"
-gateway = "{SERVER}"
+gateway = "{server}"
 pool = "10.70.200.1-10.70.200.50"
 
-[minos]
-kernel = "vmlinuz"
-initrd = "initrd"
-cmdline = "console=ttyS0"
-
-[ipxe]
-dir = "ipxe"
-
+{boot_sections}
 [groups.compute]
-nodes = "cn[0001-{NODES:04d}]"
+nodes = "cn[0001-{nodes:04d}]"
 ip = "10.70.[4-7].[0-255]"
 power = "off"
 bmc = {{ driver = "ipmi", address = "10.71.[1-4].[0-255]", user = "admin", password_file = "bmc.pass" }}
@@ -61,14 +54,12 @@ bmc = {{ driver = "ipmi", address = "10.71.[1-4].[0-255]", user = "admin", passw
 
 
 def node_file(directory: Path) -> Path:
-    for name in ("vmlinuz", "initrd"):
-        (directory / name).write_bytes(name.encode() * 1000)
-    (directory / "ipxe").mkdir()
-    for name in ("undionly.kpxe", "snponly.efi"):
-        (directory / "ipxe" / name).write_bytes(b"\x90" * 3000)
+    from nodefile import BOOT_SECTIONS, write_boot_files  # here: see need_root's import
+
+    write_boot_files(directory)
     (directory / "bmc.pass").write_text(PASSWORD + "\n")
     path = directory / "nodes.toml"
-    path.write_text(NODE_FILE)
+    path.write_text(NODE_FILE.format(server=SERVER, nodes=NODES, boot_sections=BOOT_SECTIONS))
     return path
 
 
