@@ -1,7 +1,8 @@
 """The lab with a ``layerpy serve`` inside it: what the demo and the e2e tests run.
 
-Talks to the server the way an admin would, over its HTTP API, from inside the lab's
-namespace (curl through ``ip netns exec``), so nothing leaves the namespace.
+Talks to the server the way an admin on the head node would: the CLI, and curl, over the
+operator API's Unix socket in the run's state directory (a socket file reaches into the
+lab's namespace; nothing goes over the network).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from lab import Lab, Vm, VmSpec
 REPO = Path(__file__).resolve().parent.parent
 LAB_CONFIG = REPO / "configs" / "lab.toml"
 LAYERPY = REPO / ".venv" / "bin" / "layerpy"
-SERVER = "http://10.99.0.1:8080"
 
 BMC_PASSWORD = REPO / "configs" / "lab-bmc.pass"
 
@@ -56,6 +56,7 @@ class LabSession:
             if before_serve is not None:
                 before_serve(self.lab)
             self.serve_log = self.run_dir / "serve.log"
+            self.socket = self.run_dir / "state" / "api.sock"
             command = [
                 str(LAYERPY),
                 "serve",
@@ -72,12 +73,19 @@ class LabSession:
 
     def api(self, path: str, *, quiet: bool = False) -> Any:
         """GET a JSON document from the server, or None when it does not answer."""
-        result = self.lab.run(["curl", "-sf", "--max-time", "5", SERVER + path], check=False)
+        command = ["curl", "-sf", "--max-time", "5", "--unix-socket", str(self.socket)]
+        result = self.lab.run([*command, f"http://layerpy{path}"], check=False)
         if result.returncode:
             if not quiet and self.server.poll() is not None:
                 raise RuntimeError(f"layerpy serve exited:\n{self.serve_log.read_text()[-3000:]}")
             return None
         return json.loads(result.stdout)
+
+    def cli(self, *args: str, check: bool = True) -> str:
+        """A ``layerpy`` command against this lab's server (its output; stderr too if it
+        failed and `check` is off)."""
+        result = self.lab.run([str(LAYERPY), *args, "--server", str(self.socket)], check=check)
+        return result.stdout if not result.returncode else result.stdout + result.stderr
 
     def nodes(self) -> dict[str, dict[str, Any]]:
         return {node["name"]: node for node in self.api("/api/v1/nodes") or []}
@@ -119,8 +127,7 @@ class LabSession:
 
 
 def print_status(session: LabSession) -> None:
-    status = session.lab.run([str(LAYERPY), "status", "--server", SERVER], check=False)
-    print(status.stdout or status.stderr, flush=True)
+    print(session.cli("status", check=False), flush=True)
 
 
 def main() -> int:

@@ -4,22 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import sys
 import time
-import tomllib
-import urllib.error
-import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from layerpy import __version__
+from layerpy.client import DEFAULT_SOCKET, TOKEN_VARIABLE, Client, ClientError
 from layerpy.config import Config, ConfigError, load
+from layerpy.text import printable
 
 CONFIG_OPTION = click.option(
     "-c",
@@ -30,10 +33,44 @@ CONFIG_OPTION = click.option(
     help="The node file (TOML).",
 )
 
-OPTIONAL_CONFIG = click.option("-c", "--config", "config_path", type=click.Path(path_type=Path))
-SERVER_OPTION = click.option(
-    "--server", "server_url", help="Server URL (default: 127.0.0.1 and the node file's port)."
+OPTIONAL_CONFIG = click.option(
+    "-c",
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    help="The node file: the server's API socket is found from it.",
 )
+
+
+def operator_api(command: Callable[..., None]) -> Callable[..., None]:
+    """Options that say where the operator API is; the command gets it as ``api``."""
+
+    @OPTIONAL_CONFIG
+    @click.option(
+        "--server",
+        "server",
+        help="The operator API: its Unix socket (a path) or https://HOST:PORT with a token "
+        f"from ${TOKEN_VARIABLE} or --token-file (default: the socket in the node file's "
+        f"state directory, else {DEFAULT_SOCKET}).",
+    )
+    @click.option(
+        "--token-file",
+        type=click.Path(path_type=Path, dir_okay=False),
+        help="A file holding the operator token for --server https://… (not the token "
+        "itself: others can read a command line).",
+    )
+    @functools.wraps(command)
+    def run(config_path: Path | None, server: str | None, token_file: Path | None,
+            **options: Any) -> None:  # fmt: skip
+        try:
+            command(api=Client.find(config_path, server, token_file), **options)
+        except ClientError as error:
+            click.echo(f"layerpy: {error}", err=True)
+            sys.exit(1)
+
+    return run
+
+
 # piped output is not squeezed to 80 columns: scripts and logs read whole lines
 console = Console(width=None if sys.stdout.isatty() else 200)
 
@@ -92,94 +129,79 @@ def check(config_path: Path) -> None:
     console.print(f"  nodes    {len(config.nodes)} in {len(groups)} group(s) {', '.join(groups)}")
     table = Table("node", "group", "ip", "mac")
     for node in config.nodes.values():
-        table.add_row(node.name, node.group or "-", str(node.ip), node.mac or "-")
+        _row(table, node.name, node.group or "-", node.ip, node.mac or "-")
     console.print(table)
 
 
 @main.command()
-@OPTIONAL_CONFIG
-@SERVER_OPTION
+@operator_api
 @click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
-def status(config_path: Path | None, server_url: str | None, as_json: bool) -> None:
+def status(api: Client, as_json: bool) -> None:
     """Show every node's run state and the timeline of its current boot."""
-    nodes = _api(_server_url(config_path, server_url), "/api/v1/nodes")
+    nodes = api.call("/api/v1/nodes")
     if as_json:
-        click.echo(json.dumps(nodes, indent=2))
+        click.echo(json.dumps(nodes, indent=2))  # JSON escapes control characters
         return
     table = Table("node", "mac", "ip", "state", "boots", "timeline (s since boot start)")
     for node in nodes:
         timeline = " ".join(f"{k}={v:g}" for k, v in node["timeline"].items())
-        table.add_row(
-            node["name"],
-            node["mac"] or "-",
-            node["ip"],
-            node["run_state"],
-            str(node["boots"]),
-            timeline,
-        )
+        _row(table, node["name"], node["mac"] or "-", node["ip"], node["run_state"],
+             node["boots"], timeline)  # fmt: skip
     console.print(table)
 
 
 @main.command()
-@OPTIONAL_CONFIG
-@SERVER_OPTION
-def reload(config_path: Path | None, server_url: str | None) -> None:
+@operator_api
+def reload(api: Client) -> None:
     """Make the running server re-read its node file (all of it applies, or none of it)."""
-    answer = _api(_server_url(config_path, server_url), "/api/v1/reload", method="POST")
+    answer = api.call("/api/v1/reload", method="POST")
     if "problems" in answer:
-        click.echo("\n".join(answer["problems"]), err=True)
+        click.echo("\n".join(printable(problem, 1000) for problem in answer["problems"]), err=True)
         click.echo("reload refused; the running configuration stays in force", err=True)
         sys.exit(2)
     for key in ("added", "removed", "changed"):
         click.echo(f"{key:8} {', '.join(answer[key]) or '-'}")
 
 
-SERVER_OPTION = click.option(
-    "--server", "server_url", help="Server URL (default: from the node file)."
-)
-OPTIONAL_CONFIG = click.option("-c", "--config", "config_path", type=click.Path(path_type=Path))
-
-
 @main.command()
 @click.argument("action", type=click.Choice(["on", "off", "cycle", "clear", "status"]))
 @click.argument("nodes")
-@OPTIONAL_CONFIG
-@SERVER_OPTION
-def power(action: str, nodes: str, config_path: Path | None, server_url: str | None) -> None:
+@click.option("--force", is_flag=True, help="cycle busy nodes too (running jobs die).")
+@operator_api
+def power(api: Client, action: str, nodes: str, force: bool) -> None:
     """Power NODES (a hostlist) on, off, cycle them, clear overrides, or show status.
 
     on and off change the desired state until `clear` or until the node file changes;
-    the server then keeps the nodes so (a busy node is not powered off until free)."""
-    base = _server_url(config_path, server_url)
-    answer = _api(base, "/api/v1/power", "POST", {"nodes": nodes, "action": action})
+    the server then keeps the nodes so (a busy node is not powered off until free, and
+    not cycled unless --force)."""
+    body = {"nodes": nodes, "action": action, "force": force}
+    answer = api.call("/api/v1/power", "POST", body)
     table = Table("node", "power", "desired", "override", "error")
     for name, state in answer.items():
         desired = state["desired"] if state["controlled"] else "(no bmc)"
-        table.add_row(name, state["power"], desired, "yes" if state["override"] else "",
-                      state["error"] or "")  # fmt: skip
+        _row(table, name, state["power"], desired, "yes" if state["override"] else "",
+             state["skipped"] or state["error"] or "")  # fmt: skip
     console.print(table)
 
 
 @main.command()
-@OPTIONAL_CONFIG
-@SERVER_OPTION
-def plan(config_path: Path | None, server_url: str | None) -> None:
+@operator_api
+def plan(api: Client) -> None:
     """For each node: what is (dsc), what should be (cfg), and the engine's path between."""
     table = Table("node", "dsc", "cfg", "path")
-    for entry in _api(_server_url(config_path, server_url), "/api/v1/plan"):
+    for entry in api.call("/api/v1/plan"):
         path = entry["path"]
         shown = path if isinstance(path, str) else " → ".join(path) or "(converged)"
-        table.add_row(entry["name"], _values(entry["dsc"]), _values(entry["cfg"]), shown)
+        _row(table, entry["name"], _values(entry["dsc"]), _values(entry["cfg"]), shown)
     console.print(table)
 
 
 @main.command()
 @click.argument("node")
-@OPTIONAL_CONFIG
-@SERVER_OPTION
-def explain(node: str, config_path: Path | None, server_url: str | None) -> None:
+@operator_api
+def explain(api: Client, node: str) -> None:
     """Why a node is as it is: cfg vs dsc, the mutation in flight, recent failures."""
-    answer = _api(_server_url(config_path, server_url), f"/api/v1/nodes/{node}/explain")
+    answer = api.call(f"/api/v1/nodes/{quote(node, safe='[],')}/explain")
     click.echo(json.dumps(answer, indent=2))
 
 
@@ -237,15 +259,13 @@ def image_pull(name: str, config_path: Path, state_dir: Path | None) -> None:
 @image.command("set")
 @click.argument("nodes")
 @click.argument("name")
-@OPTIONAL_CONFIG
-@SERVER_OPTION
-def image_set(nodes: str, name: str, config_path: Path | None, server_url: str | None) -> None:
+@operator_api
+def image_set(api: Client, nodes: str, name: str) -> None:
     """Run image NAME on NODES now (no reboot; busy nodes first drain), until
     `layerpy power clear NODES` or the node file changes."""
-    base = _server_url(config_path, server_url)
-    answer = _api(base, "/api/v1/image", "POST", {"nodes": nodes, "image": name})
+    answer = api.call("/api/v1/image", "POST", {"nodes": nodes, "image": name})
     for node, state in answer.items():
-        click.echo(f"{node}: wants image {state['image_wanted']}")
+        click.echo(f"{node}: wants image {printable(state['image_wanted'])}")
 
 
 @image.command("list")
@@ -257,8 +277,8 @@ def image_list(config_path: Path, state_dir: Path | None) -> None:
     for found in _store(_load_or_exit(config_path), state_dir).list():
         squashfs = f"{found.squashfs_size:,}" if found.squashfs_size else "-"
         pulled = time.strftime("%Y-%m-%d %H:%M", time.localtime(found.pulled_at))
-        table.add_row(found.digest[:19], found.source, str(found.layers),
-                      f"{found.rootfs_size:,}", squashfs, pulled)  # fmt: skip
+        _row(table, found.digest[:19], found.source, found.layers, f"{found.rootfs_size:,}",
+             squashfs, pulled)  # fmt: skip
     console.print(table)
 
 
@@ -276,37 +296,67 @@ def image_inspect(image_ref: str, config_path: Path, state_dir: Path | None) -> 
     click.echo(json.dumps(dataclasses.asdict(found), indent=2, default=str))
 
 
+@main.group()
+def token() -> None:
+    """Operator tokens for the API over TCP (the head node's CLI needs none)."""
+
+
+def _tokens(config_path: Path, state_dir: Path | None) -> Any:
+    from layerpy.auth import Tokens
+
+    return Tokens(state_dir or _load_or_exit(config_path).server.state_dir)
+
+
+@token.command("add")
+@click.argument("name")
+@click.option("--scope", type=click.Choice(["read", "admin"]), default="read", show_default=True,
+              help="read: look only; admin: also power, images, reload.")  # fmt: skip
+@CONFIG_OPTION
+@STATE_DIR_OPTION
+def token_add(name: str, scope: str, config_path: Path, state_dir: Path | None) -> None:
+    """Make token NAME and print its secret, once: it is kept only as a digest."""
+    from layerpy.auth import Scope, TokenError
+
+    try:
+        secret = _tokens(config_path, state_dir).create(name, Scope(scope))
+    except TokenError as error:
+        click.echo(f"layerpy token add: {error}", err=True)
+        sys.exit(1)
+    click.echo(secret)
+
+
+@token.command("list")
+@CONFIG_OPTION
+@STATE_DIR_OPTION
+def token_list(config_path: Path, state_dir: Path | None) -> None:
+    """The tokens: names, scopes and when they were made (never the secrets)."""
+    table = Table("name", "scope", "created")
+    for record in _tokens(config_path, state_dir).records():
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(record.created))
+        _row(table, record.name, record.scope, created)
+    console.print(table)
+
+
+@token.command("revoke")
+@click.argument("name")
+@CONFIG_OPTION
+@STATE_DIR_OPTION
+def token_revoke(name: str, config_path: Path, state_dir: Path | None) -> None:
+    """Revoke token NAME; the running server refuses it from its next request on."""
+    from layerpy.auth import TokenError
+
+    try:
+        _tokens(config_path, state_dir).revoke(name)
+    except TokenError as error:
+        click.echo(f"layerpy token revoke: {error}", err=True)
+        sys.exit(1)
+    click.echo(f"revoked {name}")
+
+
 def _values(values: dict[str, str]) -> str:
     return " ".join(f"{key}={value}" for key, value in values.items())
 
 
-def _server_url(config_path: Path | None, server_url: str | None) -> str:
-    """Where the running server answers: only its port is read from the node file, so
-    a broken file can still be reloaded (and refused by the server)."""
-    if server_url:
-        return server_url.rstrip("/")
-    if config_path is None:
-        raise click.UsageError("give the node file (-c) or --server URL")
-    try:
-        port = tomllib.loads(config_path.read_text()).get("server", {}).get("http_port", 8080)
-    except (OSError, tomllib.TOMLDecodeError, AttributeError):
-        port = 8080
-    return f"http://127.0.0.1:{port}"
-
-
-def _api(base: str, path: str, method: str = "GET", body: Any = None) -> Any:
-    """Call the running server; a JSON error answer is returned like a success."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(base + path, data=data, method=method)
-    request.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return json.load(response)
-    except urllib.error.HTTPError as error:
-        if error.headers.get_content_type() == "application/json":
-            return json.load(error)
-        click.echo(f"{base}{path}: {error.code} {error.read().decode(errors='replace')}", err=True)
-        sys.exit(1)
-    except (urllib.error.URLError, OSError) as error:
-        click.echo(f"cannot reach the layerpy server at {base}: {error}", err=True)
-        sys.exit(1)
+def _row(table: Table, *cells: object) -> None:
+    """A table row of text from the network: shown as is, never as markup or escapes."""
+    table.add_row(*(Text(printable(cell)) for cell in cells))

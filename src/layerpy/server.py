@@ -16,6 +16,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from layerpy.auth import Tokens
 from layerpy.boot import BootPolicy
 from layerpy.catalog import Catalog
 from layerpy.config import Config, ConfigError, ReloadRefused, load
@@ -23,6 +24,8 @@ from layerpy.images import ImageStore
 from layerpy.lifecycle import Lifecycle
 from layerpy.model import Phase
 from layerpy.nodes import NodeStore
+from layerpy.services import listeners
+from layerpy.services.api import build_api
 from layerpy.services.dhcp import start_dhcp
 from layerpy.services.http import build_app
 from layerpy.services.tftp import TftpEvent, start_tftp
@@ -41,7 +44,7 @@ class Server:
         self.lifecycle = Lifecycle(self.nodes, self.catalog, config.server.power_poll)
         self.policy = BootPolicy(self.nodes)
         self._closers: list[object] = []
-        self._runner: web.AppRunner | None = None
+        self._runners: list[web.AppRunner] = []
 
     @property
     def config(self) -> Config:
@@ -60,10 +63,11 @@ class Server:
             problems = error.render().splitlines()
             log.error("reload refused, the running configuration stays: %s", "; ".join(problems))
             raise ReloadRefused(problems) from None
-        if config.server != self.config.server:
-            problem = f"{config.path}: [server] changed; restart layerpy serve to apply it"
-            log.error("reload refused, the running configuration stays: %s", problem)
-            raise ReloadRefused([problem])
+        for section in ("server", "api"):
+            if getattr(config, section) != getattr(self.config, section):
+                problem = f"{config.path}: [{section}] changed; restart layerpy serve to apply it"
+                log.error("reload refused, the running configuration stays: %s", problem)
+                raise ReloadRefused([problem])
         added, removed, changed = self.nodes.apply(config)
         self.catalog.sync(config)
         await self.lifecycle.applied(config, added, removed, changed)
@@ -75,19 +79,13 @@ class Server:
 
     async def start(self) -> None:
         server = self.config.server
-        app = build_app(
-            self.policy,
-            self.stats,
-            self.reload,
-            self.lifecycle,
-            self.catalog,
-            log_requests=server.log_requests,
+        _private_directory(server.state_dir)
+        admission = listeners.Admission(
+            total=max(64, listeners.raise_fd_limit() - listeners.SPARE_FDS),
+            on_refused=lambda: self.stats.count("http", "refused", ok=False),
         )
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        for host in dict.fromkeys((str(server.address), "127.0.0.1")):
-            await web.TCPSite(self._runner, host, server.http_port).start()
-        log.info("http on %s (and 127.0.0.1:%d)", server.url, server.http_port)
+        await self._boot_http(admission)
+        await self._operator_api(admission)
         self._closers.append(
             await start_tftp(
                 self.config.ipxe.directory,
@@ -109,6 +107,44 @@ class Server:
                 )
             )
         self.catalog.sync(self.config)  # images pull in the background
+
+    async def _serve_app(self, app: web.Application) -> web.AppRunner:
+        runner = await listeners.runner(app)
+        self._runners.append(runner)
+        return runner
+
+    async def _boot_http(self, admission: listeners.Admission) -> None:
+        server = self.config.server
+        app = build_app(self.policy, self.stats, self.lifecycle, self.catalog,
+                        log_requests=server.log_requests)  # fmt: skip
+        runner = await self._serve_app(app)
+        await listeners.AdmittedSite(
+            runner, str(server.address), server.http_port, admission
+        ).start()
+        log.info("http for the boot network on %s", server.url)
+
+    async def _operator_api(self, admission: listeners.Admission) -> None:
+        """The Unix socket and the TCP listeners for operators; the first operator token
+        at the very first start."""
+        server, api = self.config.server, self.config.api
+        tokens = Tokens(server.state_dir)
+        made = tokens.first_start()
+        if made is not None:
+            log.info("made the first operator token, admin; its secret is in %s (0600)", made)
+        app = build_api(self.policy, self.stats, self.reload, self.lifecycle, self.catalog,
+                        tokens, log_requests=server.log_requests)  # fmt: skip
+        runner = await self._serve_app(app)
+        socket_path = api.socket_path(server.state_dir)
+        await listeners.unix_site(runner, socket_path, api.socket_group)
+        names = [str(socket_path)]
+        tls = None
+        if api.tls_cert is not None and api.tls_key is not None:
+            tls = listeners.tls_context(api.tls_cert, api.tls_key)
+        for host, port in api.listen:
+            site = listeners.AdmittedSite(runner, str(host), port, admission, tls)
+            await site.start()
+            names.append(site.name)
+        log.info("operator API on %s", ", ".join(names))
 
     def _tftp_event(self, event: TftpEvent) -> None:
         """Each request is counted once, when it ends: "read" (a transfer, with its service
@@ -140,9 +176,18 @@ class Server:
             result = closer.close()  # type: ignore[attr-defined]
             if asyncio.iscoroutine(result):
                 await result
-        if self._runner is not None:
-            await self._runner.cleanup()
+        for runner in reversed(self._runners):
+            await runner.cleanup()
         await self.lifecycle.close()
+
+
+def _private_directory(path: Path) -> None:
+    """The state directory holds tokens: its owner's alone (0700)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        log.warning("%s was mode %o; made it 0700 (it holds tokens)", path, mode)
+        path.chmod(0o700)
 
 
 def _names(names: set[str]) -> str:

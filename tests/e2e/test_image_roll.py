@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from oci import build_image
-from session import LAB_CONFIG, LAYERPY, REPO, SERVER, LabSession
+from session import LAB_CONFIG, REPO, LabSession
 
 pytestmark = pytest.mark.e2e
 REGISTRY = "127.0.0.1:5000"  # inside the lab's namespace, where layerpy serve runs
@@ -64,10 +64,6 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
     session.close()
 
 
-def layerpy(lab, *args: str) -> str:
-    return lab.lab.run([str(LAYERPY), *args, "--server", SERVER]).stdout
-
-
 def image_of(lab, name: str = "cn001") -> dict:
     return lab.nodes()[name]["image"]
 
@@ -92,7 +88,7 @@ def test_node_boots_and_runs_its_image(lab) -> None:
 def test_changing_the_image_swaps_it_without_a_reboot(lab) -> None:
     boot_id = lab.nodes()["cn001"]["boot"]["boot_id"]
     lab.config.write_text(lab.config.read_text().replace('image = "a"', 'image = "b"'))
-    layerpy(lab, "reload", "-c", str(lab.config))
+    lab.cli("reload", "-c", str(lab.config))
     lab.wait(lambda: image_of(lab)["digest"] == digest_of(lab, "b")
              and image_of(lab)["state"] == "active", 90, "image b active")  # fmt: skip
     assert lab.lab.vms["cn001"].wait_serial("IMAGE-B-MARKER", 10)
@@ -104,17 +100,17 @@ def test_changing_the_image_swaps_it_without_a_reboot(lab) -> None:
 
 def test_corrupt_image_leaves_the_node_on_its_image_with_the_reason(lab) -> None:
     lab.config.write_text(lab.config.read_text().replace('image = "b"', 'image = "c"'))
-    layerpy(lab, "reload", "-c", str(lab.config))
-    lab.wait(lambda: json.loads(layerpy(lab, "explain", "cn001"))["image_problem"], 60,
+    lab.cli("reload", "-c", str(lab.config))
+    lab.wait(lambda: json.loads(lab.cli("explain", "cn001"))["image_problem"], 60,
              "the broken pull is reported")  # fmt: skip
-    problem = json.loads(layerpy(lab, "explain", "cn001"))["image_problem"]
+    problem = json.loads(lab.cli("explain", "cn001"))["image_problem"]
     assert "c:" in problem and "sha256" in problem, problem
     assert image_of(lab)["digest"] == digest_of(lab, "b") and image_of(lab)["state"] == "active"
     assert served_by(lab).strip() == "IMAGE-B-MARKER"
 
 
 def test_the_api_rolls_an_image_too(lab) -> None:
-    out = layerpy(lab, "image", "set", "cn001", "a")
+    out = lab.cli("image", "set", "cn001", "a")
     assert out.strip() == "cn001: wants image a"
     lab.wait(lambda: image_of(lab)["digest"] == digest_of(lab, "a")
              and image_of(lab)["state"] == "active", 90, "back on image a")  # fmt: skip

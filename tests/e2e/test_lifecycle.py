@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from session import LAB_CONFIG, LAYERPY, REPO, SERVER, LabSession
+from session import LAB_CONFIG, REPO, LabSession
 
 pytestmark = pytest.mark.e2e
 
@@ -26,12 +26,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
     session.close()
 
 
-def layerpy(lab, *args: str) -> str:
-    return lab.lab.run([str(LAYERPY), *args, "--server", SERVER]).stdout
-
-
 def explain(lab, name: str) -> dict:
-    return json.loads(layerpy(lab, "explain", name))
+    return json.loads(lab.cli("explain", name))
 
 
 def test_nodes_start_off_and_the_server_powers_them_on(lab) -> None:
@@ -42,7 +38,7 @@ def test_nodes_start_off_and_the_server_powers_them_on(lab) -> None:
         assert f"{name}: power unknown -> off" in log  # the VM started powered off
         assert f"{name}: fire power.on" in log
         assert lab.nodes()[name]["power"] == "on"
-    assert "(converged)" in layerpy(lab, "plan")
+    assert "(converged)" in lab.cli("plan")
 
 
 def test_frozen_node_is_found_lost_hung_and_power_cycled(lab) -> None:
@@ -63,10 +59,10 @@ def test_busy_node_is_powered_off_only_when_free(lab) -> None:
     lab.wait(lambda: lab.nodes()["cn001"]["busy"] == "busy", 20, "cn001 reports busy")
     text = lab.config.read_text()
     lab.config.write_text(text + '\n[nodes.cn001]\npower = "off"\n')
-    assert "changed  cn001" in layerpy(lab, "reload", "-c", str(lab.config))
+    assert "changed  cn001" in lab.cli("reload", "-c", str(lab.config))
     time.sleep(6)  # three BMC polls: it must stay on
     assert lab.nodes()["cn001"]["power"] == "on"
-    assert "blocked by busy=busy" in layerpy(lab, "plan")
+    assert "blocked by busy=busy" in lab.cli("plan")
     console.type("rm /run/layerpy/busy\r")
     lab.wait(lambda: lab.nodes()["cn001"]["power"] == "off", 20, "cn001 powered off")
     assert lab.lab.vms["cn001"].qmp("query-status")["running"] is False
@@ -76,11 +72,11 @@ def test_busy_node_is_powered_off_only_when_free(lab) -> None:
 def test_dead_bmc_is_an_error_and_delays_no_one(lab) -> None:
     os.killpg(lab.bmcs["cn002"].pid, signal.SIGKILL)
     started = time.monotonic()
-    layerpy(lab, "power", "on", "cn001")  # an override: the file still says off
+    lab.cli("power", "on", "cn001")  # an override: the file still says off
     lab.wait(lambda: lab.nodes()["cn001"]["power"] == "on", 10, "cn001 powered on")
     assert time.monotonic() - started < 5  # not held up by cn002's BMC timing out
     lab.wait(lambda: explain(lab, "cn002")["error"] is not None, 90, "cn002 error")
     assert "unreachable" in explain(lab, "cn002")["error"]
-    status = layerpy(lab, "power", "status", "cn[001-002]")
+    status = lab.cli("power", "status", "cn[001-002]")
     assert "unreachable" in status and "lab-only-bmc-password" not in status
     lab.wait_state(["cn001"], "ready", timeout=90)

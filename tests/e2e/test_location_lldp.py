@@ -8,7 +8,7 @@ import time
 import pytest
 from location import located_node_file, stranger
 
-from session import LAYERPY, SERVER, LabSession
+from session import LabSession
 from switch import start_switch
 
 pytestmark = pytest.mark.e2e
@@ -25,7 +25,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
 
 
 def explain(lab, name: str) -> dict:
-    return json.loads(lab.lab.run([str(LAYERPY), "explain", name, "--server", SERVER]).stdout)
+    return json.loads(lab.cli("explain", name))
 
 
 def test_discovery_boot_becomes_cn002_without_a_reboot(lab) -> None:

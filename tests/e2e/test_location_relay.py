@@ -9,7 +9,7 @@ import pytest
 from location import located_node_file, plug, stranger
 
 from relay import start_relay
-from session import LAYERPY, SERVER, LabSession
+from session import LabSession
 
 pytestmark = pytest.mark.e2e
 
@@ -24,7 +24,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
 
 
 def explain(lab, name: str) -> dict:
-    return json.loads(lab.lab.run([str(LAYERPY), "explain", name, "--server", SERVER]).stdout)
+    return json.loads(lab.cli("explain", name))
 
 
 def test_unknown_machine_on_swp2_becomes_cn002(lab) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from oci import build_image
-from session import LAB_CONFIG, LAYERPY, REPO, SERVER, LabSession
+from session import LAB_CONFIG, REPO, LabSession
 
 pytestmark = [
     pytest.mark.e2e,
@@ -72,10 +72,6 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
     print(f"systemd e2e timings ({run_dir}): {json.dumps(TIMINGS)}", flush=True)
 
 
-def layerpy(lab, *args: str) -> str:
-    return lab.lab.run([str(LAYERPY), *args, "--server", SERVER]).stdout
-
-
 def image_of(lab, name: str = "cn001") -> dict:
     return lab.nodes()[name]["image"]
 
@@ -110,7 +106,7 @@ def test_switching_away_halts_systemd_cleanly(lab) -> None:
     vm.mark = vm.serial_log.stat().st_size
     lab.config.write_text(lab.config.read_text().replace('image = "debian"', 'image = "plain"'))
     started = time.monotonic()
-    layerpy(lab, "reload", "-c", str(lab.config))
+    lab.cli("reload", "-c", str(lab.config))
     assert vm.wait_serial(rf"{MARKER} stopping pid1=systemd", 60)  # its units were stopped
     # systemd halts; reboot(2) in a PID namespace ends its init with SIGINT
     assert vm.wait_serial(r"container stopped \((0|signal 2)\) in \d+\.\d s", 60)
@@ -128,7 +124,7 @@ def test_switching_back_starts_systemd_again(lab) -> None:
     vm.mark = vm.serial_log.stat().st_size
     lab.config.write_text(lab.config.read_text().replace('image = "plain"', 'image = "debian"'))
     started = time.monotonic()
-    layerpy(lab, "reload", "-c", str(lab.config))
+    lab.cli("reload", "-c", str(lab.config))
     assert vm.wait_serial(rf"{MARKER} started pid1=systemd", 120)
     assert vm.wait_serial(r"Reached target .*Multi-User System", 60)
     note("switch plain -> systemd to multi-user s", time.monotonic() - started)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-import json
+import contextlib
 import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from layerpy.client import Client, ClientError
 
 LAYERPY = Path(sys.executable).parent / "layerpy"
 RECORDER = """#!/bin/sh
@@ -43,19 +46,20 @@ def served(link, make_config, tmp_path: Path):
             [str(LAYERPY), "serve", "-c", str(config.path), "--debug"], stdout=log, stderr=log
         )
         deadline = time.monotonic() + 20
-        while link.server.run(
-            "curl", "-sf", "http://127.0.0.1:8080/api/v1/nodes", check=False
-        ).returncode:
+        while True:
+            with contextlib.suppress(ClientError):
+                api(tmp_path, "/api/v1/nodes")
+                return config
             if time.monotonic() > deadline:
                 pytest.fail("server did not start:\n" + (tmp_path / "serve.log").read_text())
             time.sleep(0.2)
-        return config
 
     return start
 
 
-def api(link, path: str):
-    return json.loads(link.server.run("curl", "-sf", f"http://127.0.0.1:8080{path}").stdout)
+def api(tmp_path: Path, path: str) -> Any:
+    """The operator API of the server of this test (its socket, in the state directory)."""
+    return Client(str(tmp_path / "state" / "api.sock")).call(path)
 
 
 def udhcpc_once(link, script: Path, tries: str = "3", check: bool = True):
@@ -94,7 +98,7 @@ def test_udhcpc_gets_its_fixed_address(link, served, tmp_path: Path) -> None:
     udhcpc_once(link, script)
     bound = [line.split() for line in log.read_text().splitlines() if line.startswith("bound")]
     assert bound == [["bound", "10.77.0.12", "255.255.255.0", "10.77.0.1", "cn002", "3600"]]
-    node = api(link, "/api/v1/nodes/cn002")
+    node = api(tmp_path, "/api/v1/nodes/cn002")
     assert node["mac"] == link.client_mac()
     # a plain OS client is not a network boot: no boot timeline is started by it
     assert node["run_state"] == "unknown"
@@ -147,7 +151,7 @@ def test_init_reboot_with_a_stale_lease_is_nakked_then_bound(link, served, tmp_p
     events = wait_for(log, "BOUND")
     client.terminate()
     assert "BOUND 10.77.0.12 " in events
-    stats = api(link, "/api/v1/stats")["dhcp"]
+    stats = api(tmp_path, "/api/v1/stats")["dhcp"]
     assert stats["nak"]["requests"] == 1 and stats["ack"]["requests"] == 1
     serve_log = (tmp_path / "serve.log").read_text()
     assert "init-reboot: 10.77.0.99 is not its address, 10.77.0.12 is" in serve_log
@@ -165,7 +169,7 @@ def test_a_stranger_leases_from_the_discovery_pool_and_releases(
     assert "bound 10.77.0.200 255.255.255.0 10.77.0.1" in wait_for(log, "bound")
 
     def discovery_script() -> str:  # only for the pool address it holds: 403 from here
-        url = f"http://127.0.0.1:8080/boot/discover/{mac}.ipxe"
+        url = f"http://10.77.0.1:8080/boot/discover/{mac}.ipxe"
         return link.server.run("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", url).stdout
 
     assert discovery_script() == "403"
@@ -175,7 +179,7 @@ def test_a_stranger_leases_from_the_discovery_pool_and_releases(
         assert time.monotonic() < deadline, "the released lease is still held"
         time.sleep(0.2)
     client.terminate()
-    assert api(link, "/api/v1/stats")["dhcp"]["release"]["requests"] == 1
+    assert api(tmp_path, "/api/v1/stats")["dhcp"]["release"]["requests"] == 1
 
 
 def test_unknown_mac_gets_nothing_and_is_listed(link, served, tmp_path: Path) -> None:
@@ -184,7 +188,7 @@ def test_unknown_mac_gets_nothing_and_is_listed(link, served, tmp_path: Path) ->
     result = udhcpc_once(link, script, tries="2", check=False)
     assert result.returncode != 0
     assert "bound" not in (log.read_text() if log.exists() else "")
-    unknown = api(link, "/api/v1/unknown")
+    unknown = api(tmp_path, "/api/v1/unknown")
     assert [m["mac"] for m in unknown] == [link.client_mac()]
     assert unknown[0]["requests"] >= 2
 
@@ -200,7 +204,7 @@ def test_garbage_is_counted_and_service_goes_on(link, served, tmp_path: Path) ->
     link.client.run(sys.executable, "-c", sender)
     link.client.run("ip", "addr", "del", "10.77.0.99/24", "dev", link.client_if)
     time.sleep(0.5)
-    stats = api(link, "/api/v1/stats")
+    stats = api(tmp_path, "/api/v1/stats")
     assert stats["dhcp"]["malformed"]["failures"] == 4
     script, log = recorder(tmp_path)
     udhcpc_once(link, script)

@@ -1,4 +1,5 @@
-"""The HTTP side of ``layerpy serve`` with curl as the peer, in a namespace of its own."""
+"""The HTTP side of ``layerpy serve`` with curl as the peer, in a namespace of its own:
+the boot network's listener, and the operator API over its Unix socket."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,12 @@ LAYERPY = Path(sys.executable).parent / "layerpy"
 BASE = "http://10.66.0.1:8080"
 
 pytestmark = pytest.mark.netns
+
+
+@dataclass
+class Host:
+    ns: Netns
+    socket: Path  # the operator API
 
 
 @pytest.fixture
@@ -33,22 +41,32 @@ def host(make_config, tmp_path: Path):
         config = make_config(server="10.66.0.1", interface="d0")
         log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
         ns.popen([str(LAYERPY), "serve", "-c", str(config.path)], stdout=log, stderr=log)
+        host = Host(ns, tmp_path / "state" / "api.sock")
         deadline = time.monotonic() + 20
-        while ns.run("curl", "-sf", f"{BASE}/api/v1/nodes", check=False).returncode:
+        while api(host, "/api/v1/nodes")[0] != 200:
             assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
             time.sleep(0.2)
-        yield ns
+        yield host
     finally:
         ns.close()
 
 
-def curl(ns: Netns, *args: str, source: str = "10.66.0.99") -> tuple[int, str]:
-    result = ns.run("curl", "-s", "--interface", source, "-w", "\n%{http_code}", *args)
+def curl(host: Host, *args: str, source: str = "10.66.0.99") -> tuple[int, str]:
+    """A request on the boot network, from `source`."""
+    result = host.ns.run("curl", "-s", "--interface", source, "-w", "\n%{http_code}", *args)
     body, _, code = result.stdout.rpartition("\n")
     return int(code), body
 
 
-def report(ns: Netns, **fields: object) -> tuple[int, dict]:
+def api(host: Host, path: str, *args: str) -> tuple[int, str]:
+    """A request to the operator API, as the head node's admin makes it."""
+    command = ["curl", "-s", "-g", "--unix-socket", str(host.socket), "-w", "\n%{http_code}"]
+    result = host.ns.run(*command, *args, f"http://layerpy{path}", check=False)
+    body, _, code = result.stdout.rpartition("\n")
+    return int(code or 0), body
+
+
+def report(host: Host, **fields: object) -> tuple[int, dict]:
     body = {
         "node": "cn001",
         "mac": "52:54:00:99:00:11",
@@ -60,7 +78,7 @@ def report(ns: Netns, **fields: object) -> tuple[int, dict]:
         "protocol": PROTOCOL,
     } | fields
     code, text = curl(
-        ns,
+        host,
         "-X",
         "POST",
         "-H",
@@ -72,7 +90,7 @@ def report(ns: Netns, **fields: object) -> tuple[int, dict]:
     return code, json.loads(text)
 
 
-def test_boot_script_only_for_the_node_itself(host: Netns) -> None:
+def test_boot_script_only_for_the_node_itself(host: Host) -> None:
     code, body = curl(host, f"{BASE}/boot/cn001.ipxe", source="10.66.0.12")
     assert code == 403 and "only for 10.66.0.11" in body
     code, body = curl(host, f"{BASE}/boot/nope.ipxe")
@@ -89,7 +107,7 @@ def test_boot_script_only_for_the_node_itself(host: Netns) -> None:
     assert f"initrd --name minos {BASE}/minos/initrd" in script
 
 
-def test_kernel_initrd_and_timeline(host: Netns, tmp_path: Path) -> None:
+def test_kernel_initrd_and_timeline(host: Host, tmp_path: Path) -> None:
     script = curl(host, f"{BASE}/boot/cn001.ipxe", source="10.66.0.11")[1]
     token = re.search(r"layerpy.token=(\S+)", script).group(1)
     for name, path in (("kernel", "vmlinuz"), ("initrd", "initrd")):
@@ -100,12 +118,12 @@ def test_kernel_initrd_and_timeline(host: Netns, tmp_path: Path) -> None:
     answer = Answer(node="cn001", heartbeat=2.0)
     assert report(host, token=token) == (200, encode(answer))
     assert report(host, token=token, event="heartbeat", seq=2)[0] == 200
-    node = json.loads(curl(host, f"{BASE}/api/v1/nodes/cn001")[1])
+    node = json.loads(api(host, "/api/v1/nodes/cn001")[1])
     assert node["run_state"] == "ready"
     assert list(node["timeline"]) == ["script", "kernel", "initrd", "agent_hello", "ready"]
 
 
-def test_bad_reports_are_refused_and_counted(host: Netns) -> None:
+def test_bad_reports_are_refused_and_counted(host: Host) -> None:
     curl(host, f"{BASE}/boot/cn001.ipxe", source="10.66.0.11")
     assert report(host, token="forged") == (403, {"error": "wrong boot token for cn001"})
     code, body = curl(host, "-X", "POST", "--data", "{not json", f"{BASE}/api/v1/agent/report")
@@ -114,38 +132,38 @@ def test_bad_reports_are_refused_and_counted(host: Netns) -> None:
     assert code == 400 and "protocol None, this side 1.0" in body
     code, body = report(host, token="forged", mac="52:54:00:99:00:11\nchain //evil/x")
     assert code == 400 and "report.mac is not a MAC address" in body["error"]
-    stats = json.loads(curl(host, f"{BASE}/api/v1/stats")[1])["http"]
+    stats = json.loads(api(host, "/api/v1/stats")[1])["http"]
     assert stats["POST /api/v1/agent/report"]["failures"] == 4
-    assert "layerpy_failures_total" in curl(host, f"{BASE}/metrics")[1]
-    nodes = json.loads(curl(host, f"{BASE}/api/v1/nodes")[1])
+    assert "layerpy_failures_total" in api(host, "/metrics")[1]
+    nodes = json.loads(api(host, "/api/v1/nodes")[1])
     assert [n["run_state"] for n in nodes] == ["booting", "unknown"]
 
 
-def test_reload_applies_whole_files_and_refuses_broken_ones(host: Netns, make_config) -> None:
+def test_reload_applies_whole_files_and_refuses_broken_ones(host: Host, make_config) -> None:
     config = make_config(server="10.66.0.1", interface="d0")
     good = config.path.read_text()
     config.path.write_text(
         good.replace('nodes = "cn[001-002]"', 'nodes = "cn[001-002]"\npower = "off"')
         + '\n[nodes.cn005]\nip = "10.66.0.15"\n'
     )
-    result = host.run(str(LAYERPY), "reload", "-c", str(config.path))
+    result = host.ns.run(str(LAYERPY), "reload", "-c", str(config.path))
     assert result.stdout.split("\n")[:3] == [
         "added    cn005",
         "removed  -",
         "changed  cn001, cn002",
     ]
     config.path.write_text(good.replace('nodes = "cn[001-002]"', 'nodes = "cn[001-003]"'))
-    result = host.run(str(LAYERPY), "reload", "-c", str(config.path), check=False)
+    result = host.ns.run(str(LAYERPY), "reload", "-c", str(config.path), check=False)
     assert result.returncode == 2
     assert "groups.compute.ip: has 2 entries for 3 nodes" in result.stderr
     assert "running configuration stays in force" in result.stderr
-    nodes = json.loads(curl(host, f"{BASE}/api/v1/nodes")[1])
+    nodes = json.loads(api(host, "/api/v1/nodes")[1])
     assert [n["name"] for n in nodes] == ["cn001", "cn002", "cn005"]
 
 
-def test_explain_takes_a_node_or_a_hostlist(host: Netns) -> None:
+def test_explain_takes_a_node_or_a_hostlist(host: Host) -> None:
     def explain(expression: str) -> tuple[int, str]:
-        return curl(host, "-g", f"{BASE}/api/v1/nodes/{expression}/explain")
+        return api(host, f"/api/v1/nodes/{expression}/explain")
 
     code, body = explain("cn001")
     assert code == 200 and json.loads(body)["name"] == "cn001"
@@ -162,16 +180,16 @@ def test_explain_takes_a_node_or_a_hostlist(host: Netns) -> None:
     assert explain("cn002")[0] == 200
 
 
-def test_tftp_counts_reach_the_metrics(host: Netns) -> None:
+def test_tftp_counts_reach_the_metrics(host: Host) -> None:
     """A transfer (curl), a refused request (tftp-hpa) and junk datagrams, as /metrics and
     /api/v1/stats show them once the server has seen each request end."""
     fetch = ["curl", "-sS", "--interface", "10.66.0.11", "-o", "/dev/null"]
-    host.run(*fetch, "tftp://10.66.0.1/undionly.kpxe")  # 3000 bytes
-    out = host.run("tftp", "10.66.0.1", "-m", "binary", "-c", "get", "nope", "/dev/null")
+    host.ns.run(*fetch, "tftp://10.66.0.1/undionly.kpxe")  # 3000 bytes
+    out = host.ns.run("tftp", "10.66.0.1", "-m", "binary", "-c", "get", "nope", "/dev/null")
     assert "Error code 1" in out.stdout + out.stderr
     junk = "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
     junk += "for b in (b'', b'\\x00\\x04\\x00\\x01'): s.sendto(b, ('10.66.0.1', 69))"
-    host.run(sys.executable, "-c", junk)
+    host.ns.run(sys.executable, "-c", junk)
     expected = {
         'layerpy_requests_total{subsystem="tftp",kind="read"} 1',
         'layerpy_failures_total{subsystem="tftp",kind="read"} 0',
@@ -183,10 +201,126 @@ def test_tftp_counts_reach_the_metrics(host: Netns) -> None:
         "# TYPE layerpy_bytes_total counter",
     }
     deadline = time.monotonic() + 10
-    while not expected <= set(metrics := curl(host, f"{BASE}/metrics")[1].splitlines()):
+    while not expected <= set(metrics := api(host, "/metrics")[1].splitlines()):
         assert time.monotonic() < deadline, "\n".join(metrics)
         time.sleep(0.1)
-    read = json.loads(curl(host, f"{BASE}/api/v1/stats")[1])["tftp"]["read"]
+    read = json.loads(api(host, "/api/v1/stats")[1])["tftp"]["read"]
     assert read["bytes"] == 3000 and read["mean_ms"] >= 0
-    node = json.loads(curl(host, f"{BASE}/api/v1/nodes/cn001")[1])
+    node = json.loads(api(host, "/api/v1/nodes/cn001")[1])
     assert "tftp" in node["timeline"]
+
+
+# -- operators: the API is theirs alone ------------------------------------------------------
+
+TCP_API = "http://127.0.0.1:8081"  # the default operator listener, inside the namespace
+
+
+def tcp_api(host: Host, path: str, *args: str, token: str | None = None) -> tuple[int, str]:
+    """A request to the operator API over TCP, with a bearer token if given."""
+    auth = ["-H", f"Authorization: Bearer {token}"] if token else []
+    command = ["curl", "-s", "-g", "-w", "\n%{http_code}", *auth, *args, f"{TCP_API}{path}"]
+    body, _, code = host.ns.run(*command).stdout.rpartition("\n")
+    return int(code), body
+
+
+def test_the_boot_network_gets_no_operator_api(host: Host) -> None:
+    for path in ("/api/v1/nodes", "/api/v1/images", "/api/v1/events", "/metrics"):
+        assert curl(host, f"{BASE}{path}")[0] == 404, path
+    off = json.dumps({"nodes": "cn[001-002]", "action": "off"})
+    for path in ("/api/v1/power", "/api/v1/reload"):
+        assert curl(host, "-X", "POST", "--data", off, f"{BASE}{path}")[0] in (404, 405), path
+    loopback = host.ns.run("curl", "-s", "http://127.0.0.1:8080/boot/cn001.ipxe", check=False)
+    assert loopback.returncode == 7  # nothing listens there: the boot listener is the address
+
+
+def test_operators_need_a_token_with_the_right_scope(host: Host, tmp_path: Path) -> None:
+    curl(host, f"{BASE}/boot/cn001.ipxe", source="10.66.0.11")  # a boot token in boots.json
+    state = tmp_path / "state"
+    admin = (state / "admin.token").read_text().strip()
+    assert admin.startswith("lpy_") and admin not in (state / "tokens.json").read_text()
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (state, *state.iterdir())}
+    assert modes["state"] == 0o700 and modes["api.sock"] == 0o600, modes
+    assert modes["admin.token"] == modes["tokens.json"] == modes["boots.json"] == 0o600, modes
+
+    code, body = tcp_api(host, "/api/v1/nodes")
+    assert code == 401 and "an operator token is needed" in body
+    assert tcp_api(host, "/metrics", token="lpy_forged")[0] == 401
+    assert tcp_api(host, "/metrics", token=admin)[0] == 200
+
+    cli = [str(LAYERPY), "token"]
+    config = ["-c", str(tmp_path / "nodes.toml")]
+    viewer = host.ns.run(*cli, "add", "viewer", *config).stdout.strip()
+    listed = host.ns.run(*cli, "list", *config).stdout
+    assert "viewer" in listed and "read" in listed and viewer not in listed and admin not in listed
+    assert tcp_api(host, "/api/v1/nodes", token=viewer)[0] == 200
+    off = json.dumps({"nodes": "cn001", "action": "off"})
+    code, body = tcp_api(host, "/api/v1/power", "-X", "POST", "--data", off, token=viewer)
+    assert (code, body) == (403, "token viewer may only read (scope read)\n")
+    host.ns.run(*cli, "revoke", "viewer", *config)
+    assert tcp_api(host, "/api/v1/nodes", token=viewer)[0] == 401  # at once, no restart
+
+    code, body = tcp_api(host, "/api/v1/power", "-X", "POST", "--data", off, token=admin)
+    assert code == 200 and json.loads(body)["cn001"]["override"] is True
+    env = ["env", f"LAYERPY_TOKEN={admin}"]
+    shown = host.ns.run(*env, str(LAYERPY), "power", "on", "cn002", "--server", TCP_API).stdout
+    assert "cn002" in shown
+    refused = host.ns.run(str(LAYERPY), "power", "status", "cn002", "--server", TCP_API,
+                          check=False)  # fmt: skip
+    assert refused.returncode == 1 and "needs a token" in refused.stderr
+    host.ns.run(str(LAYERPY), "power", "clear", "cn[001-002]", *config)  # the socket, found
+
+    events = [e for e in json.loads(api(host, "/api/v1/events")[1]) if e["kind"] == "operator"]
+    assert [e["message"] for e in events] == [
+        "token admin from 127.0.0.1: power off cn001",
+        "token admin from 127.0.0.1: power on cn002",
+        "uid 0 (root) from unix socket: power clear cn[001-002]",
+    ]
+    log = (tmp_path / "serve.log").read_text()
+    assert "layerpy.api: token viewer from 127.0.0.1 may only read: refused POST" in log
+    assert "layerpy.api: token admin from 127.0.0.1: power off cn001" in log
+    for secret in (admin, viewer):
+        assert secret not in log
+
+
+def test_cycle_spares_busy_nodes_unless_forced(host: Host) -> None:
+    script = curl(host, f"{BASE}/boot/cn001.ipxe", source="10.66.0.11")[1]
+    token = re.search(r"layerpy.token=(\S+)", script).group(1)
+    assert report(host, token=token, busy=True)[0] == 200
+
+    def cycle(**force: bool) -> dict:
+        body = json.dumps({"nodes": "cn[001-002]", "action": "cycle", **force})
+        code, text = api(host, "/api/v1/power", "-X", "POST", "--data", body)
+        assert code == 200, text
+        return {name: state["skipped"] for name, state in json.loads(text).items()}
+
+    assert cycle() == {"cn001": "busy: not cycled (force to cycle it anyway)", "cn002": None}
+    assert cycle(force=True) == {"cn001": None, "cn002": None}
+
+
+def test_bad_json_is_a_400_never_a_500(host: Host, tmp_path: Path) -> None:
+    bodies = {
+        "deep": b"[" * 100_000 + b"]" * 100_000,
+        "surrogate": b'{"node": "\\ud800", "protocol": "1.0"}',
+        "not utf-8": b'{"node": "\xff"}',
+    }
+    for what, body in bodies.items():
+        (tmp_path / "body").write_bytes(body)
+        data = ["-X", "POST", "--data-binary", f"@{tmp_path / 'body'}"]
+        code, text = curl(host, *data, f"{BASE}/api/v1/agent/report")
+        assert code == 400, (what, text)
+        code, text = api(host, "/api/v1/power", *data)
+        assert code == 400, (what, text)
+
+
+def test_image_files_only_for_their_nodes(host: Host) -> None:
+    image = f"{BASE}/images/sha256:{'ab' * 32}/rootfs.tar"
+    code, body = curl(host, image, source="10.66.0.11")
+    assert (code, body) == (403, "image files are for the nodes that run them\n")
+    script = curl(host, f"{BASE}/boot/cn001.ipxe", source="10.66.0.11")[1]
+    token = re.search(r"layerpy.token=(\S+)", script).group(1)
+    for claimed in (f"cn002 {token}", "cn001 forged", "cn001"):
+        code, _ = curl(host, "-H", f"Authorization: Layerpy-Node {claimed}", image)
+        assert code == 403, claimed
+    code, body = curl(host, "-H", f"Authorization: Layerpy-Node cn001 {token}", image)
+    assert code == 403 and "is not cn001's" in body  # its own token, but not its image
+    assert api(host, f"/images/sha256:{'ab' * 32}/rootfs.tar")[0] == 404  # operators pass

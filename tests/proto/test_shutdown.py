@@ -13,7 +13,7 @@ turn, each waiting up to 6 s for a worker of a pool busy with polls of the dead 
 
 from __future__ import annotations
 
-import json
+import contextlib
 import signal
 import subprocess
 import sys
@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from layerpy.client import Client, ClientError
 
 LAYERPY = Path(sys.executable).parent / "layerpy"
 SERVER = "10.70.0.1"
@@ -107,11 +109,13 @@ def test_serve_exits_within_seconds_of_sigterm_with_1024_dead_bmcs(
             command = [str(LAYERPY), "serve", "-c", str(config), "--state-dir", str(tmp_path)]
             serve = ns.popen(command, stdout=out, stderr=out, cwd=tmp_path)
 
+        api = Client(str(tmp_path / "api.sock"))
+
         def powers() -> list[str]:
-            url = f"http://{SERVER}:8080/api/v1/nodes"
-            result = ns.run("curl", "-sf", "--max-time", "5", url, check=False)
             assert serve.poll() is None, f"serve exited early:\n{log.read_text()[-3000:]}"
-            return [n["power"] for n in json.loads(result.stdout)] if not result.returncode else []
+            with contextlib.suppress(ClientError):
+                return [node["power"] for node in api.call("/api/v1/nodes")]
+            return []
 
         wait(lambda: len(powers()) == NODES, 90, "serve answering with every node", log)
         if fleet:

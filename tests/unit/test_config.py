@@ -92,7 +92,7 @@ BROKEN = {
     "unknown section": (
         ("[ipxe]", "[ipx]"),
         [
-            "nodes.toml:18: ipx: unknown section (known: server, network, minos, ipxe, images, switches, groups, nodes)"
+            "nodes.toml:18: ipx: unknown section (known: server, network, minos, ipxe, api, images, switches, groups, nodes)"
         ],
     ),
     "wrong type": (
@@ -161,6 +161,35 @@ BROKEN = {
     "node without ip": (
         ('[nodes.login]\nip = "10.99.0.5"', "[nodes.login]"),
         ["nodes.toml:29: nodes.login.ip: is required"],
+    ),
+    "operator api in clear off loopback": (
+        ("[ipxe]", '[api]\nlisten = ["127.0.0.1:8081", "10.99.0.1:8443"]\n\n[ipxe]'),
+        [
+            "nodes.toml:19: api.listen: 10.99.0.1:8443 is not loopback: operator tokens would "
+            "cross the network in clear; give tls_cert and tls_key, or set plain_http = true"
+        ],
+    ),
+    "operator api half of tls": (
+        ("[ipxe]", '[api]\ntls_cert = "vmlinuz"\n\n[ipxe]'),
+        ["nodes.toml:18: api: give both tls_cert and tls_key, or neither"],
+    ),
+    "socket group without socket": (
+        ("[ipxe]", '[api]\nsocket_group = "root"\n\n[ipxe]'),
+        [
+            "nodes.toml:19: api.socket_group: the group cannot reach a socket inside the "
+            "state directory (mode 0700): set api.socket too, e.g. /run/layerpy/api.sock"
+        ],
+    ),
+    "socket group unknown": (
+        ("[ipxe]", '[api]\nsocket = "/run/x.sock"\nsocket_group = "no-such-group-7"\n\n[ipxe]'),
+        ["nodes.toml:20: api.socket_group: no group named 'no-such-group-7' on this machine"],
+    ),
+    "bad listen address": (
+        ("[ipxe]", '[api]\nlisten = ["localhost"]\n\n[ipxe]'),
+        [
+            "nodes.toml:19: api.listen: 'localhost' must be an address and a port, like "
+            "127.0.0.1:8081"
+        ],
     ),
     "node is the server": (
         ('ip = "10.99.0.5"', 'ip = "10.99.0.1"'),

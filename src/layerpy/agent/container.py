@@ -67,6 +67,7 @@ class Runner:
         state_dir = os.path.realpath(state_dir)
         self.log = log
         self.hostname = hostname or socket.gethostname()
+        self.authorization: str | None = None  # the node's credential for its image files
         self.pull_backoff = pull_backoff
         self._roots = Roots(os.path.join(state_dir, "images"), busybox, log)
         self._container = Container(
@@ -216,7 +217,9 @@ class Runner:
         """Prepare the new image while the old container runs, then swap the containers."""
         t0 = time.monotonic()
         verb = "updating" if self._container.image else "pulling"
-        image = self._roots.prepare(spec, self.hostname, verb, lambda: self._check(key))
+        image = self._roots.prepare(
+            spec, self.hostname, verb, lambda: self._check(key), self.authorization
+        )
         try:
             with self._lock:
                 self._check(key)

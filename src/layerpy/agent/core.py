@@ -38,6 +38,7 @@ from layerpy.proto.agent import (
     Report,
     decode,
     encode,
+    node_authorization,
 )
 from layerpy.proto.lldp import Neighbor
 
@@ -164,6 +165,8 @@ class Agent:
     ) -> None:
         self.cfg = cfg
         self.runner = runner
+        if runner is not None:
+            runner.authorization = node_authorization(Identity(cfg.node, cfg.token))
         self.log = log
         self.no_net = no_net
         self.state_dir = state_dir
@@ -401,6 +404,7 @@ class Agent:
         self.log.node = node
         if self.runner is not None:
             self.runner.hostname = node  # for the next container it starts
+            self.runner.authorization = node_authorization(Identity(node, token))
 
     def _adopt(self, identity: Identity) -> None:
         """Become the node the server names: new name, token, hostname and address, then a

@@ -62,8 +62,10 @@ def download(
     size: int | None,
     label: str,
     check: Callable[[], None] = lambda: None,
+    authorization: str | None = None,
 ) -> None:
-    """Stream ``url`` to ``path``, hashing as it comes.
+    """Stream ``url`` to ``path``, hashing as it comes, sending the node's `authorization`
+    (image files are served only to the nodes that run them).
 
     ``check`` runs between chunks and raises to abandon the download. Failures raise
     PullError naming ``label`` (the digest the server knows the image by).
@@ -73,7 +75,10 @@ def download(
     # No proxies: the server is on the node's own boot network, whatever the environment says.
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with opener.open(url, timeout=HTTP_TIMEOUT) as resp, open(path, "wb") as f:
+        request = urllib.request.Request(url)
+        if authorization is not None:
+            request.add_header("Authorization", authorization)
+        with opener.open(request, timeout=HTTP_TIMEOUT) as resp, open(path, "wb") as f:
             while chunk := resp.read(CHUNK):
                 check()
                 n += len(chunk)
@@ -167,7 +172,12 @@ class Roots:
         self.log = log
 
     def prepare(
-        self, spec: ImageSpec, hostname: str, verb: str, check: Callable[[], None]
+        self,
+        spec: ImageSpec,
+        hostname: str,
+        verb: str,
+        check: Callable[[], None],
+        authorization: str | None = None,
     ) -> Image:
         """Download and prepare an image (the contract checked the spec's fields);
         ``check`` raises to abandon it half way."""
@@ -178,7 +188,7 @@ class Roots:
         image = Image(spec, tempfile.mkdtemp(prefix=sha[:12] + "-", dir=self.dir), [], [])
         try:
             path = os.path.join(image.dir, f"rootfs.{fmt}")
-            download(url, path, sha, size, digest, check)
+            download(url, path, sha, size, digest, check, authorization)
             if fmt == "squashfs":
                 lower, rw = os.path.join(image.dir, "lower"), os.path.join(image.dir, "rw")
                 self._mount(image, lower, "-t", "squashfs", "-o", "loop,ro", path)

@@ -19,6 +19,7 @@ from layerpy.config.reading import Reader, line_of_syntax_error
 from layerpy.config.records import (
     DHCP_MODES,
     POWER_STATES,
+    ApiConfig,
     Config,
     ConfigError,
     ImageConfig,
@@ -35,6 +36,7 @@ from layerpy.config.records import (
 __all__ = [
     "DHCP_MODES",
     "POWER_STATES",
+    "ApiConfig",
     "Config",
     "ConfigError",
     "ImageConfig",
@@ -50,7 +52,7 @@ __all__ = [
     "parse",
 ]
 
-SECTIONS = ("server", "network", "minos", "ipxe", "images", "switches", "groups", "nodes")
+SECTIONS = ("server", "network", "minos", "ipxe", "api", "images", "switches", "groups", "nodes")
 
 
 def load(path: str | Path) -> Config:
@@ -88,10 +90,11 @@ def _read(r: Reader, data: dict[str, Any]) -> Config | None:
     server = boot.server(r, data, network)
     minos = boot.minos(r, data)
     ipxe = boot.ipxe(r, data, server)
+    api = boot.api(r, data)
     known_images = images.read(r, data)
     switches = nodes.switches(r, data)
     all_nodes = nodes.read(r, data, network, server)
     nodes.check_references(r, all_nodes, known_images, switches)
     if server is None or network is None or minos is None or r.problems:
         return None
-    return Config(r.file, server, network, minos, ipxe, known_images, switches, all_nodes)
+    return Config(r.file, server, network, minos, ipxe, api, known_images, switches, all_nodes)

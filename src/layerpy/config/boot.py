@@ -1,7 +1,9 @@
-"""The sections that say how nodes boot: [server], [network], [minos] and [ipxe]."""
+"""The sections that say how nodes boot and who drives the server: [server], [network],
+[minos], [ipxe] and [api]."""
 
 from __future__ import annotations
 
+import grp
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +11,7 @@ from layerpy.config import values
 from layerpy.config.reading import Reader
 from layerpy.config.records import (
     DHCP_MODES,
+    ApiConfig,
     IpxeConfig,
     MinosConfig,
     NetworkConfig,
@@ -131,3 +134,49 @@ def ipxe(r: Reader, data: dict[str, Any], server: ServerConfig | None) -> IpxeCo
                     "only what is inside it (pick another file or point ipxe.dir there)",
                 )
     return config
+
+
+def api(r: Reader, data: dict[str, Any]) -> ApiConfig:
+    """The operator API's socket and listeners; no token goes over plain HTTP off loopback
+    unless the file says so."""
+    keys = {"socket", "socket_group", "listen", "tls_cert", "tls_key", "plain_http"}
+    table = r.table(data, "api", keys)
+    get = r.getter(table, "api")
+    defaults = ApiConfig()
+    config = ApiConfig(
+        socket=get("socket", str, r.path),
+        socket_group=get("socket_group", str),
+        listen=get("listen", list, values.endpoints, default=defaults.listen),
+        tls_cert=get("tls_cert", str, r.path),
+        tls_key=get("tls_key", str, r.path),
+        plain_http=get("plain_http", bool, default=False),
+    )
+    if config.socket_group is not None and not _group_exists(config.socket_group):
+        r.problem("api.socket_group", f"no group named {config.socket_group!r} on this machine")
+    elif config.socket_group is not None and config.socket is None:
+        r.problem(
+            "api.socket_group",
+            "the group cannot reach a socket inside the state directory (mode 0700): "
+            "set api.socket too, e.g. /run/layerpy/api.sock",
+        )
+    if (config.tls_cert is None) != (config.tls_key is None):
+        r.problem("api", "give both tls_cert and tls_key, or neither")
+    for key, path in (("tls_cert", config.tls_cert), ("tls_key", config.tls_key)):
+        if path is not None and not path.is_file():
+            r.problem(f"api.{key}", f"{path} does not exist")
+    exposed = [f"{host}:{port}" for host, port in config.listen if not host.is_loopback]
+    if exposed and config.tls_cert is None and not config.plain_http:
+        r.problem(
+            "api.listen",
+            f"{', '.join(exposed)} is not loopback: operator tokens would cross the network "
+            "in clear; give tls_cert and tls_key, or set plain_http = true",
+        )
+    return config
+
+
+def _group_exists(name: str) -> bool:
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        return False
+    return True

@@ -65,6 +65,22 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class ApiConfig:
+    """Where operators reach the server: a Unix socket (file permissions decide who) and
+    TCP listeners that want a bearer token, over TLS unless on loopback or told otherwise."""
+
+    socket: Path | None = None  # None: api.sock in the state directory
+    socket_group: str | None = None  # members may use the socket (mode 0660), else 0600
+    listen: tuple[tuple[IPv4Address, int], ...] = ((IPv4Address("127.0.0.1"), 8081),)
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    plain_http: bool = False  # allow plain HTTP on a non-loopback address
+
+    def socket_path(self, state_dir: Path) -> Path:
+        return self.socket or state_dir / "api.sock"
+
+
+@dataclass(frozen=True)
 class NetworkConfig:
     subnet: IPv4Network
     gateway: IPv4Address | None = None
@@ -129,6 +145,7 @@ class Config:
     network: NetworkConfig
     minos: MinosConfig
     ipxe: IpxeConfig
+    api: ApiConfig = field(default_factory=ApiConfig)
     images: dict[str, ImageConfig] = field(default_factory=dict)
     switches: dict[str, SwitchConfig] = field(default_factory=dict)
     nodes: dict[str, NodeConfig] = field(default_factory=dict)

@@ -91,6 +91,20 @@ def string_list(value: list[Any]) -> tuple[str, ...]:
     return tuple(value)
 
 
+def endpoint(value: str) -> tuple[IPv4Address, int]:
+    """``10.0.0.1:8081`` -> (address, port)."""
+    host, colon, number = value.rpartition(":")
+    if not colon or not number.isdigit():
+        raise ValueError(f"{value!r} must be an address and a port, like 127.0.0.1:8081")
+    return ipv4(host), port(int(number))
+
+
+def endpoints(value: list[Any]) -> tuple[tuple[IPv4Address, int], ...]:
+    if not all(isinstance(item, str) for item in value):
+        raise ValueError('must be a list of strings like "127.0.0.1:8081"')
+    return tuple(endpoint(item) for item in value)
+
+
 def port(value: int) -> int:
     if not 1 <= value <= 65535:
         raise ValueError(f"{value} is not a port number (1-65535)")

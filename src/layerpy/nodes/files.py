@@ -30,11 +30,12 @@ class StateFiles:
             return {}
         return records if isinstance(records, dict) else {}
 
-    def write(self, name: str, records: dict[str, Any]) -> None:
+    def write(self, name: str, records: dict[str, Any]) -> bool:
+        """Replace the file; False (and logged) when it cannot be written."""
         path = self.directory / name
         tmp = path.with_suffix(".tmp")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with open(fd, "w", encoding="utf-8") as f:
                 json.dump(records, f, indent=1)
@@ -42,3 +43,5 @@ class StateFiles:
             os.replace(tmp, path)
         except OSError as error:
             log.error("cannot save %s: %s", path, error.strerror)
+            return False
+        return True

@@ -354,6 +354,11 @@ class NodeStore:
             raise ReportRejected(403, f"wrong boot token for {node.name}")
         return node
 
+    def holds_token(self, name: str, token: str) -> bool:
+        """Whether ``token`` is the current boot token of node ``name``."""
+        node = self.nodes.get(name)
+        return node is not None and self._token_ok(node, token)
+
     def _token_ok(self, node: Node, token: str) -> bool:
         expected = node.boot.token if node.boot else None
         return expected is not None and secrets.compare_digest(expected, token)

@@ -319,6 +319,28 @@ class Answer:
         return decode(cls, obj, "answer")
 
 
+# -- a node's own files ---------------------------------------------------------------------
+
+NODE_AUTH_SCHEME = "Layerpy-Node"  # Authorization: Layerpy-Node <node> <boot token>
+
+
+def node_authorization(identity: Identity) -> str:
+    """The Authorization header value a node sends for the files only it may have (its
+    image): the server checks the token like a report's."""
+    return f"{NODE_AUTH_SCHEME} {identity.node} {identity.token}"
+
+
+def parse_node_authorization(header: str | None) -> Identity | None:
+    """The identity a node claims in its Authorization header (unchecked), or None."""
+    scheme, node, token = [*(header or "").split(" "), "", ""][:3]
+    if scheme != NODE_AUTH_SCHEME:
+        return None
+    try:
+        return decode(Identity, {"node": node, "token": token}, "authorization")
+    except ContractError:
+        return None
+
+
 # -- the kernel command line --------------------------------------------------------------
 
 

@@ -1,8 +1,14 @@
-"""HTTP: iPXE scripts, the minOS kernel and initrd, the agent endpoint and the REST API."""
+"""HTTP on the boot network: only what firmware and agents need.
+
+iPXE scripts (each only to its node's address), the minOS kernel and initrd, the agent's
+report endpoint, and image files (only to a node the image is assigned to, or an
+operator). Everything an operator does goes through `services.api` on other listeners.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -10,19 +16,24 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from layerpy import hostlist
 from layerpy.boot import BootPolicy
 from layerpy.catalog import Catalog
-from layerpy.config import ReloadRefused
 from layerpy.model import Phase
 from layerpy.nodes import DISCOVERY, NodeStore, ReportRejected
-from layerpy.proto.agent import REPORT_PATH, Answer, ImageSpec, encode
+from layerpy.proto.agent import (
+    REPORT_PATH,
+    Answer,
+    ImageSpec,
+    encode,
+    parse_node_authorization,
+)
 from layerpy.stats import Stats
+from layerpy.text import printable
 
 log = logging.getLogger("layerpy.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-POWER_ACTIONS = ("on", "off", "cycle", "clear", "status")
+BODY_TIMEOUT = 10.0  # seconds to send a request body (the idle timeout covers headers)
 
 
 class PowerControl(Protocol):
@@ -41,29 +52,41 @@ POLICY: web.AppKey[BootPolicy] = web.AppKey("policy", BootPolicy)
 NODES: web.AppKey[NodeStore] = web.AppKey("nodes", NodeStore)
 STATS: web.AppKey[Stats] = web.AppKey("stats", Stats)
 LOG_REQUESTS: web.AppKey[bool] = web.AppKey("log_requests", bool)
-RELOAD: web.AppKey[Callable[[], Awaitable[dict[str, list[str]]]]] = web.AppKey("reload")
 POWER: web.AppKey[PowerControl] = web.AppKey("power")
 CATALOG: web.AppKey[Catalog] = web.AppKey("catalog", Catalog)
+OPERATOR = "operator"  # request key: the authenticated operator (operator listeners only)
 IMAGE_FILES = ("rootfs.tar", "rootfs.squashfs", "config.json")
 
 
-def build_app(
+def share(
+    app: web.Application,
     policy: BootPolicy,
     stats: Stats,
-    reload: Callable[[], Awaitable[dict[str, list[str]]]],
     power: PowerControl,
     catalog: Catalog,
-    *,
-    log_requests: bool = False,
+    log_requests: bool,
 ) -> web.Application:
-    app = web.Application(middlewares=[_profile], client_max_size=1024 * 1024)
+    """What the handlers of both HTTP apps (boot network, operators) find on their app."""
     app[CATALOG] = catalog
-    app[RELOAD] = reload
     app[POWER] = power
     app[POLICY] = policy
     app[NODES] = policy.nodes
     app[STATS] = stats
     app[LOG_REQUESTS] = log_requests
+    return app
+
+
+def build_app(
+    policy: BootPolicy,
+    stats: Stats,
+    power: PowerControl,
+    catalog: Catalog,
+    *,
+    log_requests: bool = False,
+) -> web.Application:
+    """The boot network's app."""
+    app = web.Application(middlewares=[profile], client_max_size=1024 * 1024)
+    share(app, policy, stats, power, catalog, log_requests)
     app.add_routes(
         [
             web.get("/boot/{name}.ipxe", boot_script),
@@ -71,26 +94,14 @@ def build_app(
             web.get("/minos/kernel", minos_file),
             web.get("/minos/initrd", minos_file),
             web.post(REPORT_PATH, agent_report),
-            web.get("/api/v1/nodes", list_nodes),
-            web.get("/api/v1/nodes/{name}", show_node),
-            web.get("/api/v1/unknown", list_unknown),
-            web.get("/api/v1/events", list_events),
-            web.get("/api/v1/stats", show_stats),
-            web.get("/metrics", metrics),
-            web.post("/api/v1/reload", reload_config),
             web.get("/images/{digest}/{file}", image_file),
-            web.get("/api/v1/images", list_images),
-            web.post("/api/v1/power", power_action),
-            web.post("/api/v1/image", image_action),
-            web.get("/api/v1/plan", plan),
-            web.get("/api/v1/nodes/{name}/explain", explain),
         ]
     )
     return app
 
 
 @web.middleware
-async def _profile(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def profile(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Service time per route, and per-request debug lines when asked for."""
     started = time.perf_counter()
     route = request.match_info.route.resource
@@ -111,7 +122,7 @@ async def _profile(request: web.Request, handler: Handler) -> web.StreamResponse
                 "%s %s %s -> %d in %.1f ms",
                 request.remote,
                 request.method,
-                request.path,
+                printable(request.path),
                 status,
                 elapsed * 1000,
             )
@@ -154,10 +165,7 @@ async def minos_file(request: web.Request) -> web.FileResponse:
 
 
 async def agent_report(request: web.Request) -> web.Response:
-    try:
-        payload = await request.json()
-    except ValueError:
-        raise web.HTTPBadRequest(text="report must be JSON\n") from None
+    payload = await read_json(request)
     try:
         ack = request.app[NODES].report(payload)
     except ReportRejected as rejected:
@@ -169,98 +177,15 @@ async def agent_report(request: web.Request) -> web.Response:
     return web.json_response(encode(Answer(ack.node, heartbeat, image, ack.identity)))
 
 
-async def reload_config(request: web.Request) -> web.Response:
-    try:
-        return web.json_response(await request.app[RELOAD]())
-    except ReloadRefused as refused:
-        return web.json_response({"problems": refused.problems}, status=400)
-
-
-async def power_action(request: web.Request) -> web.Response:
-    """``{"nodes": "cn[001-004]", "action": "on|off|cycle|clear|status"}``; on and off
-    override the desired power until cleared or the node file changes."""
-    body = await _json_object(request)
-    action, expression = body.get("action"), body.get("nodes")
-    if action not in POWER_ACTIONS or not isinstance(expression, str):
-        raise web.HTTPBadRequest(
-            text=f"need nodes (a hostlist) and action (one of {', '.join(POWER_ACTIONS)})\n"
-        )
-    names = _expand_nodes(request, expression)
-    power = request.app[POWER]
-    if action in ("on", "off", "clear"):
-        for name in names:
-            power.override(name, None if action == "clear" else action)
-    elif action == "cycle":
-        await asyncio.gather(*(power.cycle(name) for name in names))
-    return web.json_response({name: power.status(name) for name in names})
-
-
-async def image_action(request: web.Request) -> web.Response:
-    """``{"nodes": "cn[001-004]", "image": "b"}`` runs image b on them until the override is
-    cleared (``layerpy power clear``) or the node file changes."""
-    body = await _json_object(request)
-    expression, image = body.get("nodes"), body.get("image")
-    if not isinstance(expression, str) or not isinstance(image, str):
-        raise web.HTTPBadRequest(text="need nodes (a hostlist) and image (a name)\n")
-    names = _expand_nodes(request, expression)
-    power = request.app[POWER]
-    try:
-        for name in names:
-            power.override_image(name, image)
-    except ValueError as error:
-        raise web.HTTPBadRequest(text=f"{error}\n") from None
-    return web.json_response({name: power.status(name) for name in names})
-
-
-async def plan(request: web.Request) -> web.Response:
-    power = request.app[POWER]
-    return web.json_response([power.plan(name) for name in request.app[NODES].nodes])
-
-
-async def explain(request: web.Request) -> web.Response:
-    """One node's explain (an object), or a hostlist's (a list, in hostlist order)."""
-    expression = request.match_info["name"]
-    names = _expand_nodes(request, expression)
-    power = request.app[POWER]
-    if "[" in expression or "," in expression:
-        return web.json_response([power.explain(name) for name in names])
-    return web.json_response(power.explain(names[0]))
-
-
-async def _json_object(request: web.Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except ValueError:
-        raise web.HTTPBadRequest(text="the body must be JSON\n") from None
-    if not isinstance(body, dict):
-        raise web.HTTPBadRequest(text="the body must be a JSON object\n")
-    return body
-
-
-MISSING_SHOWN = 20  # a 404 names this many missing nodes, then counts the rest
-
-
-def _expand_nodes(request: web.Request, expression: str) -> list[str]:
-    """Node names from a hostlist (sized before it is expanded: 400 when too large or
-    malformed); 404 naming the ones that are not in the file."""
-    try:
-        names = hostlist.expand(expression)
-    except hostlist.HostlistError as error:
-        raise web.HTTPBadRequest(text=f"{error}\n") from None
-    missing = [name for name in names if name not in request.app[NODES].nodes]
-    if missing:
-        shown = ", ".join(missing[:MISSING_SHOWN])
-        more = f" and {len(missing) - MISSING_SHOWN} more" if len(missing) > MISSING_SHOWN else ""
-        raise web.HTTPNotFound(text=f"not in the node file: {shown}{more}\n")
-    return names
-
-
 async def image_file(request: web.Request) -> web.StreamResponse:
-    """A flattened image (tar or squashfs, with Range) or its config, by manifest digest."""
+    """A flattened image (tar or squashfs, with Range) or its config, by manifest digest:
+    to an operator, or to a node the image is assigned to (it may be private)."""
     digest, name = request.match_info["digest"], request.match_info["file"]
+    if OPERATOR not in request:
+        _check_entitled(request, digest)
     image = request.app[CATALOG].store.get(digest)
     if image is None or name not in IMAGE_FILES:
-        raise web.HTTPNotFound(text=f"no {name} for image {digest}\n")
+        raise web.HTTPNotFound(text=f"no {printable(name, 40)} for image {printable(digest, 80)}\n")
     if name == "config.json":
         return web.json_response(image.config)
     path = image.rootfs if name == "rootfs.tar" else image.squashfs
@@ -269,35 +194,32 @@ async def image_file(request: web.Request) -> web.StreamResponse:
     return web.FileResponse(path)
 
 
-async def list_images(request: web.Request) -> web.Response:
-    entries = request.app[CATALOG].entries.values()
-    return web.json_response([entry.as_json() for entry in entries])
+def _check_entitled(request: web.Request, digest: str) -> None:
+    """403 unless the request carries the boot token of a node assigned this image."""
+    claimed = parse_node_authorization(request.headers.get("Authorization"))
+    nodes, power = request.app[NODES], request.app[POWER]
+    if claimed is None or not nodes.holds_token(claimed.node, claimed.token):
+        raise web.HTTPForbidden(text="image files are for the nodes that run them\n")
+    spec = power.image_spec(claimed.node)
+    if spec is None or spec.digest != digest:
+        log.warning("%s: refused image %s, not assigned to it", claimed.node, printable(digest, 80))
+        raise web.HTTPForbidden(text=f"image {printable(digest, 80)} is not {claimed.node}'s\n")
 
 
-async def list_nodes(request: web.Request) -> web.Response:
-    nodes = request.app[NODES].nodes.values()
-    return web.json_response([node.as_json() for node in nodes])
-
-
-async def show_node(request: web.Request) -> web.Response:
-    node = request.app[NODES].nodes.get(request.match_info["name"])
-    if node is None:
-        raise web.HTTPNotFound(text=f"no node named {request.match_info['name']!r}\n")
-    return web.json_response(node.as_json())
-
-
-async def list_unknown(request: web.Request) -> web.Response:
-    machines = request.app[NODES].unknown.values()
-    return web.json_response([machine.as_json() for machine in machines])
-
-
-async def list_events(request: web.Request) -> web.Response:
-    return web.json_response(request.app[NODES].feed.events())
-
-
-async def show_stats(request: web.Request) -> web.Response:
-    return web.json_response(request.app[STATS].as_json())
-
-
-async def metrics(request: web.Request) -> web.Response:
-    return web.Response(text=request.app[STATS].prometheus(), content_type="text/plain")
+async def read_json(request: web.Request) -> Any:
+    """The request's JSON body: 400 (never 500) when it is slow, not JSON, nested too
+    deep, or holds text that is not Unicode (a lone surrogate)."""
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT):
+            raw = await request.read()
+        body = json.loads(raw)
+        json.dumps(body, ensure_ascii=False).encode()  # lone surrogates fail here
+    except TimeoutError:
+        raise web.HTTPRequestTimeout(text=f"the body took over {BODY_TIMEOUT:g} s\n") from None
+    except RecursionError:
+        raise web.HTTPBadRequest(text="the body is nested too deep\n") from None
+    except UnicodeError:
+        raise web.HTTPBadRequest(text="the body is not valid Unicode text\n") from None
+    except ValueError:
+        raise web.HTTPBadRequest(text="the body must be JSON\n") from None
+    return body

@@ -1,0 +1,255 @@
+"""The operator API: nodes, plans, events, metrics, power, images and reload.
+
+Served only on operator listeners (the Unix socket and the ``[api] listen`` addresses),
+never on the boot network, and only to an authenticated operator: over the socket the
+kernel names the user (file permissions decided that they may connect); over TCP a bearer
+token names the operator and its scope. Reading needs ``read``, changing needs ``admin``.
+Every change is logged and published as an ``operator`` event, with who, from where and
+what.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from layerpy import hostlist
+from layerpy.auth import Operator, Scope, Tokens, bearer, socket_peer
+from layerpy.boot import BootPolicy
+from layerpy.catalog import Catalog
+from layerpy.config import ReloadRefused
+from layerpy.model import Busy
+from layerpy.services.http import (
+    CATALOG,
+    NODES,
+    OPERATOR,
+    POWER,
+    STATS,
+    Handler,
+    PowerControl,
+    image_file,
+    profile,
+    read_json,
+    share,
+)
+from layerpy.services.listeners import peer_of
+from layerpy.stats import Stats
+from layerpy.text import printable
+
+log = logging.getLogger("layerpy.api")
+
+POWER_ACTIONS = ("on", "off", "cycle", "clear", "status")
+MISSING_SHOWN = 20  # a 404 names this many missing nodes, then counts the rest
+
+Reload = Callable[[], Awaitable[dict[str, list[str]]]]
+RELOAD: web.AppKey[Reload] = web.AppKey("reload")
+TOKENS: web.AppKey[Tokens] = web.AppKey("tokens", Tokens)
+
+
+def build_api(
+    policy: BootPolicy,
+    stats: Stats,
+    reload: Reload,
+    power: PowerControl,
+    catalog: Catalog,
+    tokens: Tokens,
+    *,
+    log_requests: bool = False,
+) -> web.Application:
+    app = web.Application(middlewares=[profile, authenticate], client_max_size=1024 * 1024)
+    share(app, policy, stats, power, catalog, log_requests)
+    app[RELOAD] = reload
+    app[TOKENS] = tokens
+    app.add_routes(
+        [
+            web.get("/api/v1/nodes", list_nodes),
+            web.get("/api/v1/nodes/{name}", show_node),
+            web.get("/api/v1/nodes/{name}/explain", explain),
+            web.get("/api/v1/unknown", list_unknown),
+            web.get("/api/v1/events", list_events),
+            web.get("/api/v1/stats", show_stats),
+            web.get("/api/v1/plan", plan),
+            web.get("/api/v1/images", list_images),
+            web.get("/images/{digest}/{file}", image_file),
+            web.get("/metrics", metrics),
+            web.post("/api/v1/power", power_action),
+            web.post("/api/v1/image", image_action),
+            web.post("/api/v1/reload", reload_config),
+        ]
+    )
+    return app
+
+
+@web.middleware
+async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Who is asking (401 if nobody we know), and whether they may (403)."""
+    operator = _operator(request)
+    if operator is None:
+        raise web.HTTPUnauthorized(
+            text="an operator token is needed: Authorization: Bearer <token> "
+            "(layerpy token add NAME makes one)\n",
+            headers={"WWW-Authenticate": 'Bearer realm="layerpy"'},
+        )
+    if not operator.may(request.method):
+        log.warning("%s from %s may only read: refused %s %s", operator.name,
+                    operator.address, request.method, printable(request.path))  # fmt: skip
+        raise web.HTTPForbidden(text=f"{operator.name} may only read (scope read)\n")
+    request[OPERATOR] = operator
+    return await handler(request)
+
+
+def _operator(request: web.Request) -> Operator | None:
+    sock = peer_of(request)
+    if sock is not None:  # the Unix socket: whoever could open it is an operator
+        return Operator(socket_peer(sock), Scope.ADMIN, "unix socket")
+    secret = bearer(request.headers.get("Authorization"))
+    record = request.app[TOKENS].check(secret) if secret else None
+    if record is None:
+        if secret:
+            log.warning("%s: refused an unknown operator token", request.remote)
+        return None
+    return Operator(f"token {record.name}", record.scope, request.remote or "?")
+
+
+def audit(request: web.Request, what: str, nodes: str = "") -> None:
+    """One line and one ``operator`` event per change an operator makes."""
+    operator: Operator = request[OPERATOR]
+    message = f"{operator.name} from {operator.address}: {what}"
+    log.info("%s", message)
+    fields = {"event": "operator", "who": operator.name, "from": operator.address}
+    request.app[NODES].feed.publish(nodes, "event", fields, message)
+
+
+# -- reading --------------------------------------------------------------------------------
+
+
+async def list_nodes(request: web.Request) -> web.Response:
+    nodes = request.app[NODES].nodes.values()
+    return web.json_response([node.as_json() for node in nodes])
+
+
+async def show_node(request: web.Request) -> web.Response:
+    node = request.app[NODES].nodes.get(request.match_info["name"])
+    if node is None:
+        raise web.HTTPNotFound(text=f"no node named {printable(request.match_info['name'], 64)}\n")
+    return web.json_response(node.as_json())
+
+
+async def explain(request: web.Request) -> web.Response:
+    """One node's explain (an object), or a hostlist's (a list, in hostlist order)."""
+    expression = request.match_info["name"]
+    names = _expand_nodes(request, expression)
+    power = request.app[POWER]
+    if "[" in expression or "," in expression:
+        return web.json_response([power.explain(name) for name in names])
+    return web.json_response(power.explain(names[0]))
+
+
+async def list_unknown(request: web.Request) -> web.Response:
+    machines = request.app[NODES].unknown.values()
+    return web.json_response([machine.as_json() for machine in machines])
+
+
+async def list_events(request: web.Request) -> web.Response:
+    return web.json_response(request.app[NODES].feed.events())
+
+
+async def show_stats(request: web.Request) -> web.Response:
+    return web.json_response(request.app[STATS].as_json())
+
+
+async def plan(request: web.Request) -> web.Response:
+    power = request.app[POWER]
+    return web.json_response([power.plan(name) for name in request.app[NODES].nodes])
+
+
+async def list_images(request: web.Request) -> web.Response:
+    entries = request.app[CATALOG].entries.values()
+    return web.json_response([entry.as_json() for entry in entries])
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(text=request.app[STATS].prometheus(), content_type="text/plain")
+
+
+# -- changing -------------------------------------------------------------------------------
+
+
+async def power_action(request: web.Request) -> web.Response:
+    """``{"nodes": "cn[001-004]", "action": "on|off|cycle|clear|status"}``; on and off
+    override the desired power until cleared or the node file changes. ``cycle`` skips
+    busy nodes (as ``off`` waits for them) unless ``"force": true``."""
+    body = await _json_object(request)
+    action, expression, force = body.get("action"), body.get("nodes"), body.get("force", False)
+    if action not in POWER_ACTIONS or not isinstance(expression, str):
+        raise web.HTTPBadRequest(
+            text=f"need nodes (a hostlist) and action (one of {', '.join(POWER_ACTIONS)})\n"
+        )
+    if not isinstance(force, bool):
+        raise web.HTTPBadRequest(text="force must be true or false\n")
+    names = _expand_nodes(request, expression)
+    power, nodes = request.app[POWER], request.app[NODES].nodes
+    skipped = {}
+    if action != "status":
+        audit(request, f"power {action}{' (force)' if force else ''} {expression}", expression)
+    if action in ("on", "off", "clear"):
+        for name in names:
+            power.override(name, None if action == "clear" else action)
+    elif action == "cycle":
+        busy = [] if force else [name for name in names if nodes[name].busy == Busy.BUSY]
+        skipped = {name: "busy: not cycled (force to cycle it anyway)" for name in busy}
+        await asyncio.gather(*(power.cycle(name) for name in names if name not in skipped))
+    answer = {name: power.status(name) | {"skipped": skipped.get(name)} for name in names}
+    return web.json_response(answer)
+
+
+async def image_action(request: web.Request) -> web.Response:
+    """``{"nodes": "cn[001-004]", "image": "b"}`` runs image b on them until the override is
+    cleared (``layerpy power clear``) or the node file changes."""
+    body = await _json_object(request)
+    expression, image = body.get("nodes"), body.get("image")
+    if not isinstance(expression, str) or not isinstance(image, str):
+        raise web.HTTPBadRequest(text="need nodes (a hostlist) and image (a name)\n")
+    names = _expand_nodes(request, expression)
+    power = request.app[POWER]
+    try:
+        for name in names:
+            power.override_image(name, image)
+    except ValueError as error:
+        raise web.HTTPBadRequest(text=f"{error}\n") from None
+    audit(request, f"image {image} on {expression}", expression)
+    return web.json_response({name: power.status(name) for name in names})
+
+
+async def reload_config(request: web.Request) -> web.Response:
+    audit(request, "reload")
+    try:
+        return web.json_response(await request.app[RELOAD]())
+    except ReloadRefused as refused:
+        return web.json_response({"problems": refused.problems}, status=400)
+
+
+async def _json_object(request: web.Request) -> dict[str, Any]:
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(text="the body must be a JSON object\n")
+    return body
+
+
+def _expand_nodes(request: web.Request, expression: str) -> list[str]:
+    """Node names from a hostlist (sized before it is expanded: 400 when too large or
+    malformed); 404 naming the ones that are not in the file."""
+    try:
+        names = hostlist.expand(expression)
+    except hostlist.HostlistError as error:
+        raise web.HTTPBadRequest(text=f"{printable(error)}\n") from None
+    missing = [name for name in names if name not in request.app[NODES].nodes]
+    if missing:
+        shown = ", ".join(printable(name, 64) for name in missing[:MISSING_SHOWN])
+        more = f" and {len(missing) - MISSING_SHOWN} more" if len(missing) > MISSING_SHOWN else ""
+        raise web.HTTPNotFound(text=f"not in the node file: {shown}{more}\n")
+    return names
