@@ -158,9 +158,14 @@ class BootPolicy:
 
     def _relay_location(self, request: DhcpPacket) -> tuple[str, str] | None:
         """The switch port a relay agent names (option 82): the switch by its remote id,
-        else by the relay's address; the port is the circuit id."""
+        else by the relay's address; the port is the circuit id.
+
+        Only from a relay the node file names (giaddr in ``switches.*.relay``): anyone
+        can put option 82 in a packet of their own, only the relay is trusted to have
+        stripped it and written its own. Not at all under ``identity = "mac"``."""
         relay = request.relay_agent
-        if 1 not in relay:
+        trusted = {s.relay for s in self.config.switches.values() if s.relay is not None}
+        if 1 not in relay or request.giaddr not in trusted or self.config.server.identity == "mac":
             return None
         remote = relay.get(2, b"").decode(errors="replace")
         switch = next(
@@ -168,9 +173,10 @@ class BootPolicy:
              if (remote and s.remote_id == remote) or s.relay == request.giaddr),
             None,
         )  # fmt: skip
-        if switch is None:
+        port = relay[1].decode(errors="replace")
+        if switch is None or not (port.isprintable() and 0 < len(port) <= 64):
             return None
-        return switch, relay[1].decode(errors="replace")
+        return switch, port
 
     def _discovery(self, request: DhcpPacket, firmware: str) -> tuple[Grant | None, str]:
         """A machine no node claims (yet) boots the minOS from the pool, so its agent can

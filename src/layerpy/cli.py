@@ -185,6 +185,17 @@ def power(api: Client, action: str, nodes: str, force: bool) -> None:
 
 
 @main.command()
+@click.argument("node")
+@click.argument("mac")
+@operator_api
+def bind(api: Client, node: str, mac: str) -> None:
+    """The machine with MAC is NODE from now on: confirms a machine's LLDP claim to a
+    node's port, or names new hardware where no relay can vouch for it."""
+    api.call("/api/v1/bind", "POST", {"node": node, "mac": mac})
+    click.echo(f"{printable(node)} is {printable(mac)} from now on")
+
+
+@main.command()
 @operator_api
 def plan(api: Client) -> None:
     """For each node: what is (dsc), what should be (cfg), and the engine's path between."""

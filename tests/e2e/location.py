@@ -8,14 +8,16 @@ from lab import VmSpec
 from session import LAB_CONFIG, REPO
 
 
-def located_node_file(run_dir: Path, discover: bool = False) -> Path:
-    """The lab's nodes with no MACs and no BMCs, named by sw1's ports swp1-swp4 only."""
+def located_node_file(run_dir: Path, identity: str, discover: bool = False) -> Path:
+    """The lab's nodes with no MACs and no BMCs, named by sw1's ports swp1-swp4 only,
+    under the `identity` policy."""
     text = LAB_CONFIG.read_text().replace('"../minos/', f'"{REPO}/minos/')
     lines = [line for line in text.splitlines() if not line.startswith(("mac =", "bmc ="))]
     text = "\n".join(lines).replace(
         'nodes = "cn[001-004]"', 'nodes = "cn[001-004]"\nlocation = "sw1:swp[1-4]"'
     )
     text += '\n[switches.sw1]\nchassis_id = "02:00:00:00:0a:01"\nrelay = "10.99.0.254"\n'
+    text = text.replace("[server]\n", f'[server]\nidentity = "{identity}"\n', 1)
     if discover:
         text = text.replace(
             'pool = "10.99.0.200-10.99.0.250"', 'pool = "10.99.0.200-10.99.0.250"\ndiscover = true'

@@ -17,7 +17,9 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory):
     run_dir = tmp_path_factory.mktemp("lldp")
-    session = LabSession(run_dir, config=located_node_file(run_dir, discover=True))
+    session = LabSession(
+        run_dir, config=located_node_file(run_dir, "location-trusted", discover=True)
+    )
     # every stranger's tap is port swp2 of sw1, as one port seen over time (or through a hub)
     start_switch(session.lab, {f"tap-l{i}": "swp2" for i in (1, 2, 3)}, interval=2)
     yield session

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory):
     run_dir = tmp_path_factory.mktemp("relay")
-    session = LabSession(run_dir, config=located_node_file(run_dir))
+    session = LabSession(run_dir, config=located_node_file(run_dir, "location"))
     start_relay(session.lab, {"tap-m1": "swp2"})
     yield session
     session.close()

@@ -324,3 +324,18 @@ def test_image_files_only_for_their_nodes(host: Host) -> None:
     code, body = curl(host, "-H", f"Authorization: Layerpy-Node cn001 {token}", image)
     assert code == 403 and "is not cn001's" in body  # its own token, but not its image
     assert api(host, f"/images/sha256:{'ab' * 32}/rootfs.tar")[0] == 404  # operators pass
+
+
+def test_an_operator_binds_a_machine_to_a_node(host: Host, tmp_path: Path) -> None:
+    bind = [str(LAYERPY), "bind", "-c", str(tmp_path / "nodes.toml"), "cn001"]
+    assert (
+        host.ns.run(*bind, "52-54-00-99-00-77").stdout == "cn001 is 52-54-00-99-00-77 from now on\n"
+    )
+    events = [(e["kind"], e["message"]) for e in json.loads(api(host, "/api/v1/events")[1])]
+    assert events == [
+        ("operator", "uid 0 (root) from unix socket: bind cn001 52:54:00:99:00:77"),
+        ("replaced", "hardware replaced by uid 0 (root): 52:54:00:99:00:11 -> 52:54:00:99:00:77"),
+    ]
+    refused = host.ns.run(*bind, "52:54:00:99:00", check=False)
+    assert refused.returncode == 1
+    assert "'52:54:00:99:00' is not a MAC address like 52:54:00:12:34:56" in refused.stderr

@@ -192,6 +192,25 @@ def test_relay_names_the_node_by_its_port(make_config) -> None:
     assert inventory.nodes["cn003"].location["source"] == "dhcp-option-82"
 
 
+@pytest.mark.parametrize(
+    ("giaddr", "identity"),
+    [(ZERO, "location"), (IPv4Address("10.99.0.77"), "location"), (RELAY, "mac")],
+    ids=["no relay at all", "a relay the file does not name", "identity by mac only"],
+)
+def test_option_82_counts_only_from_a_named_relay(make_config, giaddr, identity) -> None:
+    """Anyone can put option 82 in a DISCOVER; one with giaddr 0 once rebound a located
+    node to the sender's MAC for good."""
+    config = with_discovery(make_config, LOCATED)
+    text = config.path.read_text().replace("[server]\n", f'[server]\nidentity = "{identity}"\n')
+    config.path.write_text(text)
+    service = make_service(load(config.path))
+    mac = "52:54:00:aa:00:03"
+    verdict, _ = service.handle(request(dhcp.DISCOVER, mac=mac, giaddr=giaddr, **BIOS, **ON_SWP3))
+    assert verdict.node is None and verdict.location is None
+    assert service.policy.nodes.by_mac(mac) is None
+    assert service.policy.nodes.identities.bindings == {}
+
+
 def test_a_port_held_by_a_live_machine_is_not_given_away(make_config) -> None:
     service = make_service(with_discovery(make_config, LOCATED))
     inventory = service.policy.nodes

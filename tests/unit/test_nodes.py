@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from layerpy.config import load
 from layerpy.model import Phase, PowerState, RunState
 from layerpy.nodes import GAP, Ack, NodeStore, ReportRejected
 from layerpy.proto.agent import PROTOCOL
@@ -232,6 +233,82 @@ def test_a_machine_that_moves_follows_the_port(make_config) -> None:
     assert (
         inv.feed.events()[1]["message"] == "52:54:00:aa:00:01 moved from cn003 to cn004 (sw1:swp4)"
     )
+
+
+# -- a node is only itself: what may bind a machine to a node -----------------------------
+
+SWITCH = '\n[switches.sw1]\nchassis_id = "02:00:00:00:0a:01"\nrelay = "10.99.0.254"\n'
+STRANGER = "52:54:00:aa:00:07"
+
+
+def with_identity(make_config, identity: str, clock: Clock | None = None) -> NodeStore:
+    config = make_config(more=LOCATED.replace('\n[switches.sw1]\nrelay = "10.99.0.254"\n', SWITCH))
+    text = config.path.read_text().replace("[server]\n", f'[server]\nidentity = "{identity}"\n')
+    text = text.replace('state_dir = "state"', f'state_dir = "state-{identity}"')  # own bindings
+    config.path.write_text(text)
+    return NodeStore(load(config.path), clock=clock or Clock())
+
+
+def lldp_report(inv: NodeStore, node: str, token: str, mac: str, port: str = "swp3") -> Ack:
+    return inv.report(
+        {"node": node, "token": token, "mac": mac, "ip": "10.99.0.200", "boot_id": "b",
+         "seq": 1, "event": "hello", "protocol": PROTOCOL,
+         "lldp": {"chassis_id": "02:00:00:00:0a:01", "port_id": port}}
+    )  # fmt: skip
+
+
+def discovery_report(inv: NodeStore, mac: str = STRANGER) -> Ack:
+    inv.saw_unknown(mac, "ipxe", None)
+    return lldp_report(inv, "discover", inv.discovery_token(mac), mac)
+
+
+def test_an_lldp_claim_alone_binds_only_where_agents_are_trusted(make_config) -> None:
+    trusting = with_identity(make_config, "location-trusted")
+    assert discovery_report(trusting).node == "cn003"
+    assert trusting.by_mac(STRANGER).name == "cn003"
+    for identity in ("location", "mac"):
+        careful = with_identity(make_config, identity)
+        assert discovery_report(careful) == Ack("discover"), identity
+        assert careful.by_mac(STRANGER) is None and careful.identities.bindings == {}
+    claims = [e for e in careful.feed.events() if e["kind"] == "claim"]
+    assert claims == []  # identity = "mac": a location says nothing at all
+
+
+def test_an_operator_confirms_an_lldp_claim(make_config) -> None:
+    inv = with_identity(make_config, "location")
+    assert discovery_report(inv) == Ack("discover")
+    claim = inv.unknown[STRANGER].claim
+    assert claim == (
+        f"{STRANGER} says it is at sw1:swp3 (LLDP), unconfirmed: a relay's option 82 or "
+        f"`layerpy bind cn003 {STRANGER}` binds it"
+    )
+    assert [e["kind"] for e in inv.feed.events()] == ["claim"]
+    assert discovery_report(inv) == Ack("discover")  # told once, not once per report
+    assert [e["kind"] for e in inv.feed.events()] == ["claim"]
+    inv.bind("cn003", STRANGER, "uid 0 (root)")
+    assert inv.feed.events()[-1]["message"] == f"{STRANGER} is cn003 by uid 0 (root)"
+    answer = discovery_report(inv)  # now the claim matches what is bound: it carries on
+    assert answer.node == "cn003" and answer.identity is not None
+
+
+def test_a_node_cannot_claim_another_nodes_mac_or_port(make_config) -> None:
+    """cn003 (bound, with a valid token) reports cn001's MAC, then another port: neither
+    hands it cn001's identity or rebinds anything."""
+    inv = with_identity(make_config, "location-trusted")
+    node = inv.locate("52:54:00:aa:00:01", PORT, "lldp")
+    inv.saw_boot_request(node, "ipxe")
+    token = inv.issue_token(node)
+    assert lldp_report(inv, "cn003", token, "52:54:00:aa:00:01") == Ack("cn003")
+    bindings = dict(inv.identities.bindings)
+    assert lldp_report(inv, "cn003", token, "52:54:00:99:00:11") == Ack("cn003")
+    assert node.problem == (
+        "reports MAC 52:54:00:99:00:11, but cn003 is 52:54:00:aa:00:01: ignored "
+        "(layerpy bind changes a node's machine)"
+    )
+    assert inv.identities.bindings == bindings
+    assert inv.by_mac("52:54:00:99:00:11").name == "cn001"
+    assert node.mac == "52:54:00:aa:00:01"
+    assert inv.holds_token("cn003", token)  # no fresh token was handed out
 
 
 # -- one writer, one feed ------------------------------------------------------------------

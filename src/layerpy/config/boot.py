@@ -11,6 +11,7 @@ from layerpy.config import values
 from layerpy.config.reading import Reader
 from layerpy.config.records import (
     DHCP_MODES,
+    IDENTITY_MODES,
     ApiConfig,
     IpxeConfig,
     MinosConfig,
@@ -33,6 +34,7 @@ def server(r: Reader, data: dict[str, Any], network: NetworkConfig | None) -> Se
         "lost_after",
         "power_poll",
         "log_requests",
+        "identity",
     }
     table = r.table(data, "server", keys)
     get = r.getter(table, "server")
@@ -56,6 +58,7 @@ def server(r: Reader, data: dict[str, Any], network: NetworkConfig | None) -> Se
         lost_after=get("lost_after", int, values.positive, default=3),
         power_poll=float(get("power_poll", (int, float), values.positive, default=10.0)),
         log_requests=get("log_requests", bool, default=False),
+        identity=get("identity", str, values.choice(IDENTITY_MODES), default="location"),
     )
 
 

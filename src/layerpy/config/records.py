@@ -11,6 +11,11 @@ from layerpy.power.base import PowerSpec
 from layerpy.proto.agent import HEARTBEAT
 
 DHCP_MODES = ("authoritative", "off")
+# What may name a machine as a node (docs/security.md has the threat model of each):
+# mac: the MAC alone; location: also DHCP option 82 from a configured relay, and an
+# agent's LLDP claim once that or an operator confirms it; location-trusted: also an
+# agent's LLDP claim on its own (a lab, or a boot network with no hostile machine).
+IDENTITY_MODES = ("mac", "location", "location-trusted")
 POWER_STATES = ("on", "off")
 
 
@@ -58,6 +63,7 @@ class ServerConfig:
     lost_after: int = 3
     power_poll: float = 10.0
     log_requests: bool = False
+    identity: str = "location"
 
     @property
     def url(self) -> str:

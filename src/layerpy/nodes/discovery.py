@@ -25,6 +25,7 @@ class UnknownMachine:
     firmware: str | None = None
     vendor_class: str | None = None
     conflict: str | None = None
+    claim: str | None = None  # the node its LLDP names, waiting for confirmation
     token: str | None = field(default=None, repr=False)  # its discovery boot's
 
     def as_json(self) -> dict[str, Any]:

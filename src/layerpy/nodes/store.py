@@ -193,9 +193,9 @@ class NodeStore:
         now = self.clock()
         evidence = {"source": source, "switch": location[0], "port": location[1],
                     "chassis": chassis, "mac": mac, "at": now}  # fmt: skip
-        current = self.mac_of(node)
-        if current != mac:
+        if self.mac_of(node) != mac:
             if self._held_by_another(node, mac):
+                current = self.mac_of(node)
                 message = f"{mac} claims {where}, where {current} is alive: not bound"
                 if node.conflict != message:
                     self._event(node.name, "conflict", message)
@@ -203,27 +203,35 @@ class NodeStore:
                 machine, _ = self.unknown.seen(mac, now)
                 machine.conflict = f"{where} belongs to {node.name} ({current}, alive)"
                 return None
-            previous = self.identities.bind(node, mac)
-            if previous is not None:
-                self._event(
-                    previous.name,
-                    "moved",
-                    f"{mac} moved from {previous.name} to {node.name} ({where})",
-                )
-            if current:
-                self._event(
-                    node.name, "replaced", f"hardware replaced at {where}: {current} -> {mac}"
-                )
-            else:
-                self._event(
-                    node.name, "bound", f"{mac} is {node.name} by its location {where} ({source})"
-                )
-            self.unknown.forget(mac)
-            self._set(node, mac=mac, conflict=None)
+            self._bind(node, mac, source, where)
         elif node.conflict and now - (node.conflict_at or 0) > self._lost_limit:
             self._set(node, conflict=None)  # the other machine stopped claiming the location
         self._set(node, location=evidence)
         return node
+
+    def bind(self, name: str, mac: str, operator: str) -> None:
+        """An operator says which machine a node is: confirms a pending LLDP claim, or
+        names new hardware where no trustworthy evidence can."""
+        self._bind(self.nodes[name], mac, operator)
+
+    def _bind(self, node: Node, mac: str, source: str, where: str | None = None) -> None:
+        """``mac`` is ``node`` from now on (kept in bindings.json); one event says why:
+        the switch port it was seen at (``where``) by ``source``, or who said so."""
+        current = self.mac_of(node)
+        if current == mac:
+            return
+        previous = self.identities.bind(node, mac)
+        if previous is not None:
+            moved = f"{mac} moved from {previous.name} to {node.name} ({where or source})"
+            self._event(previous.name, "moved", moved)
+        if current:
+            how = f"at {where}" if where else f"by {source}"
+            self._event(node.name, "replaced", f"hardware replaced {how}: {current} -> {mac}")
+        else:
+            how = f"by its location {where} ({source})" if where else f"by {source}"
+            self._event(node.name, "bound", f"{mac} is {node.name} {how}")
+        self.unknown.forget(mac)
+        self._set(node, mac=mac, conflict=None)
 
     def alive(self, node: Node) -> bool:
         """Its own machine (the one bound to it) is reporting."""
@@ -243,6 +251,10 @@ class NodeStore:
         if report.node == DISCOVERY:
             return self._discovery_report(report)
         node = self._authenticate(report)
+        bound = self.mac_of(node)
+        if bound is not None and report.mac != bound:  # a node may not change its MAC
+            self._lied(node, f"reports MAC {report.mac}, but {node.name} is {bound}")
+            return Ack(node.name)
         located = self._lldp_node(report)
         if located is not None and located is not node:  # the machine moved to another port
             return self._hand_over(located)
@@ -328,8 +340,11 @@ class NodeStore:
         return Ack(DISCOVERY) if node is None else self._hand_over(node)
 
     def _lldp_node(self, report: Report) -> Node | None:
-        """The node at the port the agent's LLDP neighbour names, bound to the reporting MAC."""
-        if report.lldp is None:
+        """The node at the port the agent's LLDP neighbour names, bound to the reporting MAC
+        where the identity policy lets an agent's word count; otherwise None, and a claim
+        that can bind no one yet is shown for an operator to confirm (``layerpy bind``)."""
+        policy = self.config.server.identity
+        if report.lldp is None or policy == "mac":
             return None
         chassis = report.lldp.chassis_id.lower()
         switch = next(
@@ -337,7 +352,33 @@ class NodeStore:
         )
         if switch is None:
             return None
-        return self.locate(report.mac, (switch, report.lldp.port_id), "lldp", chassis)
+        location = (switch, report.lldp.port_id)
+        node = self.at(location)
+        if node is None:
+            return None
+        if policy == "location-trusted" or self.mac_of(node) == report.mac:
+            return self.locate(report.mac, location, "lldp", chassis)
+        self._claimed(node, report.mac, location)
+        return None
+
+    def _claimed(self, node: Node, mac: str, location: Location) -> None:
+        """An LLDP claim the policy does not take on the agent's word alone."""
+        where = f"{location[0]}:{location[1]}"
+        message = (
+            f"{mac} says it is at {where} (LLDP), unconfirmed: a relay's option 82 or "
+            f"`layerpy bind {node.name} {mac}` binds it"
+        )
+        machine = self.unknown.get(mac)
+        if machine is not None and machine.claim != message:
+            machine.claim = message
+            self._event(node.name, "claim", message)
+
+    def _lied(self, node: Node, what: str) -> None:
+        """A report that would change who a node is: ignored, shown on the node."""
+        message = f"{what}: ignored (layerpy bind changes a node's machine)"
+        if node.problem != message:
+            self._event(node.name, "conflict", message)
+        self._set(node, problem=message)
 
     def _hand_over(self, node: Node) -> Ack:
         """Tell an agent to carry on as `node`: a new boot of that node, with its own token."""

@@ -21,7 +21,7 @@ from layerpy import hostlist
 from layerpy.auth import Operator, Scope, Tokens, bearer, socket_peer
 from layerpy.boot import BootPolicy
 from layerpy.catalog import Catalog
-from layerpy.config import ReloadRefused
+from layerpy.config import ReloadRefused, values
 from layerpy.model import Busy
 from layerpy.services.http import (
     CATALOG,
@@ -79,6 +79,7 @@ def build_api(
             web.post("/api/v1/power", power_action),
             web.post("/api/v1/image", image_action),
             web.post("/api/v1/reload", reload_config),
+            web.post("/api/v1/bind", bind_node),
         ]
     )
     return app
@@ -223,6 +224,25 @@ async def image_action(request: web.Request) -> web.Response:
         raise web.HTTPBadRequest(text=f"{error}\n") from None
     audit(request, f"image {image} on {expression}", expression)
     return web.json_response({name: power.status(name) for name in names})
+
+
+async def bind_node(request: web.Request) -> web.Response:
+    """``{"node": "cn003", "mac": "52:54:00:aa:00:07"}``: that machine is that node from
+    now on (confirms an LLDP claim, or names new hardware)."""
+    body = await _json_object(request)
+    name, mac = body.get("node"), body.get("mac")
+    if not isinstance(name, str) or not isinstance(mac, str):
+        raise web.HTTPBadRequest(text="need node (a name) and mac\n")
+    try:
+        mac = values.mac(mac)
+    except ValueError as error:
+        raise web.HTTPBadRequest(text=f"{printable(error)}\n") from None
+    nodes = request.app[NODES]
+    if name not in nodes.nodes:
+        raise web.HTTPNotFound(text=f"no node named {printable(name, 64)}\n")
+    audit(request, f"bind {name} {mac}", name)
+    nodes.bind(name, mac, request[OPERATOR].name)
+    return web.json_response(request.app[POWER].status(name))
 
 
 async def reload_config(request: web.Request) -> web.Response:
