@@ -501,3 +501,97 @@ def test_transfer_survives_loss(lab, client, windowsize, port):
     dest, output, _ = lab.get(client, "lossy.bin", port, blksize="1024", windowsize=windowsize)
     assert dest.exists(), output
     assert sha(dest) == sha(lab.root / "lossy.bin")
+
+
+# 1 000 RRQs for a 20 MB file from 40 addresses, never acknowledged: the sockets stay open
+# (closing them would end the transfers at once through ICMP port unreachable).
+STALL = r"""
+import socket, sys, time
+server, port, first = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+held = []
+for i in range(1000):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((f"10.77.0.{first + i % 40}", 0))
+    s.sendto(b"\0\1huge.bin\0octet\0", (server, port))
+    held.append(s)
+print("sent", flush=True)
+sys.stdin.read()  # until the test is done measuring
+"""
+
+
+def rss_kb(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS")))
+
+
+@pytest.mark.netns
+def test_stalled_transfers_hold_no_file_and_give_up(lab):
+    """Each transfer used to read its whole file: 1 000 stalled ones took RSS to gigabytes.
+    Now a transfer holds the packets in flight; the silent ones give up after their
+    retries, and a real client is served throughout."""
+    (lab.root / "huge.bin").write_bytes(os.urandom(20_000_000))
+    for i in range(40):
+        lab.link.client.run("ip", "addr", "replace", f"10.77.0.{100 + i}/24", "dev",
+                            lab.link.client_if)  # fmt: skip
+    server, log = lab.start(port=2069, log="stall.log")
+    before = rss_kb(server.pid)
+    stall = lab.link.client.popen([sys.executable, "-c", STALL, SERVER, "2069", "100"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+    try:
+        assert stall.stdout.readline() == b"sent\n"
+
+        def started() -> int:
+            return sum('"kind": "start"' in line for line in log.read_text().splitlines())
+
+        peak = before
+        deadline = time.monotonic() + 60
+        while started() < 1000:
+            assert time.monotonic() < deadline, f"{started()} of 1000 transfers started"
+            peak = max(peak, rss_kb(server.pid))
+            time.sleep(0.05)
+        peak = max(peak, rss_kb(server.pid))
+        dest, output, _ = lab.get("curl", "k512.bin", port=2069)  # served meanwhile
+        assert sha(dest) == sha(lab.root / "k512.bin"), output
+    finally:
+        stall.stdin.close()
+        stall.wait(30)
+    print(f"\nRSS {before / 1024:.0f} MB before, {peak / 1024:.0f} MB with 1000 stalled transfers")
+    assert peak - before < 100 * 1024
+
+    def failed() -> int:
+        return sum('"kind": "failed"' in line for line in log.read_text().splitlines())
+
+    deadline = time.monotonic() + 120
+    while failed() < 1000:  # gave up on every silent client (or saw it go away)
+        assert time.monotonic() < deadline, f"{failed()} of 1000 stalled transfers ended"
+        time.sleep(0.2)
+    server.terminate()
+    server.wait(10)
+
+
+@pytest.mark.netns
+def test_one_address_gets_a_bounded_number_of_transfers(lab):
+    lab.link.client.run("ip", "addr", "replace", "10.77.0.100/24", "dev", lab.link.client_if)
+    server, log = lab.start(port=3069, log="crowd.log")
+    script = STALL.replace("first + i % 40", "first")
+    crowd = lab.link.client.popen([sys.executable, "-c", script, SERVER, "3069", "100"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+    try:
+        assert crowd.stdout.readline() == b"sent\n"
+
+        def kinds() -> list[str]:
+            lines = log.read_text().splitlines()
+            return [json.loads(line)["kind"] for line in lines if line.startswith("{")]
+
+        deadline = time.monotonic() + 60
+        while kinds().count("start") + kinds().count("denied") < 1000:
+            assert time.monotonic() < deadline, kinds()[-5:]
+            time.sleep(0.1)
+        assert kinds().count("start") == 32 and kinds().count("denied") == 968
+        dest, output, _ = lab.get("curl", "k512.bin", port=3069)  # another address: served
+        assert sha(dest) == sha(lab.root / "k512.bin"), output
+    finally:
+        crowd.stdin.close()
+        crowd.wait(30)
+        server.terminate()
+        server.wait(10)

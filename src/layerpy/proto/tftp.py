@@ -12,6 +12,7 @@ import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
+from typing import Protocol
 
 
 class Opcode(IntEnum):
@@ -202,6 +203,15 @@ def _number(options: dict[str, str], name: str, low: int, high: int) -> int | No
     return int(value) if low <= int(value) <= high else None
 
 
+class Content(Protocol):
+    """What a transfer sends: its length, and the bytes of a span of it. ``bytes`` is
+    one; the server passes a file read block by block, so a transfer holds no more of
+    it than the packets in flight."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, span: slice, /) -> bytes: ...
+
+
 class Transfer:
     """One read, from the request to the last ACK.
 
@@ -215,17 +225,18 @@ class Transfer:
     def __init__(
         self,
         request: Request,
-        data: bytes,
+        data: Content,
         *,
         timeout: float = 1.0,
         retries: int = 5,
         max_blksize: int = 65464,
         max_windowsize: int = 64,
     ) -> None:
-        if request.mode == "netascii":
-            data = data.replace(b"\r", b"\r\0").replace(b"\n", b"\r\n")
+        if request.mode == "netascii":  # the caller keeps such files small
+            whole = data[0 : len(data)]
+            data = whole.replace(b"\r", b"\r\0").replace(b"\n", b"\r\n")
         self.size = len(data)
-        self._data = memoryview(data)
+        self._data = data
         self.retries = retries
         self.state = "open"  # then "done" or "failed"
         self.reason = ""

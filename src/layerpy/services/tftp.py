@@ -3,21 +3,36 @@
 One socket listens for requests; each transfer answers from its own ephemeral port (its
 TID, RFC 1350) connected to the client, so the kernel drops strangers' packets and turns a
 vanished client into ICMP port unreachable, which ends the transfer at once.
+
+Bounded: a transfer reads its file block by block (it holds the packets in flight, not
+the file), at most ``PER_CLIENT`` transfers run per client address and ``TOTAL`` in all,
+and one that hears nothing gives up after its retries. Refusals are logged a few per
+client, then only counted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from layerpy.logs import Throttle
 from layerpy.proto import tftp as proto
+from layerpy.text import printable
 
 log = logging.getLogger("layerpy.tftp")
+quiet = Throttle(log)
+
+PER_CLIENT = 32  # transfers at once from one address (a PXE ROM needs one)
+TOTAL = 1024  # transfers at once in all (each holds a socket and the file open)
+RECEIVE_BUFFER = 4 << 20  # bytes of requests queued for the listen socket
+NETASCII_MAX = 1 << 20  # netascii converts the whole file: only small ones
 
 
 @dataclass
@@ -58,15 +73,53 @@ def _socket(
     return sock
 
 
-def _load(root: Path, request: proto.Request) -> bytes:
-    """Runs in a worker thread: the policy checks stat the disk, the read may be megabytes."""
+def _deep_receive_buffer(sock: socket.socket, size: int = RECEIVE_BUFFER) -> None:
+    """Room for the requests of a rack powering on at once: the kernel default holds about
+    250 and drops the rest, which PXE ROMs then wait seconds to repeat. Above
+    net.core.rmem_max only root may (SO_RCVBUFFORCE); otherwise as much as allowed."""
+    for option in (getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF):
+        if option is None:
+            continue
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, option, size)
+            return
+        except OSError:
+            continue
+
+
+class FileContent:
+    """An open file read block by block (``proto.Content``); one descriptor, no buffer."""
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self.size = os.fstat(self.fd).st_size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, span: slice) -> bytes:
+        start, stop, _ = span.indices(self.size)
+        return os.pread(self.fd, max(0, stop - start), start)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _open(root: Path, request: proto.Request) -> FileContent:
+    """Runs in a worker thread: the policy checks stat the disk."""
     proto.check_request(request)
     try:
-        return proto.safe_path(root, request.filename).read_bytes()
+        content = FileContent(proto.safe_path(root, request.filename))
     except OSError as exc:
         raise proto.TftpError(
             proto.ErrorCode.ACCESS_VIOLATION, exc.strerror or "unreadable"
         ) from None
+    if request.mode == "netascii" and len(content) > NETASCII_MAX:
+        content.close()
+        raise proto.TftpError(proto.ErrorCode.ACCESS_VIOLATION, "netascii only up to 1 MiB")
+    return content
 
 
 @dataclass(eq=False)
@@ -75,6 +128,7 @@ class _Session(asyncio.DatagramProtocol):
 
     server: TftpServer
     transfer: proto.Transfer
+    content: FileContent
     client: tuple
     name: str
     t0: float
@@ -118,6 +172,7 @@ class _Session(asyncio.DatagramProtocol):
             self.timer.cancel()
         if self.transfer.state != "open":
             self.transport.close()
+            self.content.close()
             kind = "done" if self.transfer.state == "done" else "failed"
             acked, reason = self.transfer.bytes_acked, self.transfer.reason
             self.server._emit(kind, self.client, self.name, self.t0, acked, reason)
@@ -143,6 +198,7 @@ class TftpServer(asyncio.DatagramProtocol):
         self._listen: asyncio.DatagramTransport | None = None
         self._tasks: set[asyncio.Task] = set()
         self._clients: dict[tuple, _Session | None] = {}  # by client: loading (None) or open
+        self._open_from: Counter[str] = Counter()  # transfers per client address
 
     def connection_made(self, transport) -> None:
         self._listen = transport
@@ -157,7 +213,14 @@ class TftpServer(asyncio.DatagramProtocol):
         if addr in self._clients:  # a retransmitted RRQ: answering twice would be a TID clash
             log.debug("%s:%d duplicate request", *addr[:2])
             return
+        crowded = self._open_from[addr[0]] >= PER_CLIENT or len(self._clients) >= TOTAL
+        if crowded and self._listen:
+            refusal = proto.TftpError(proto.ErrorCode.NOT_DEFINED, "too many transfers, retry")
+            self._listen.sendto(refusal.packet(), addr)
+            self._emit("denied", addr, request.filename, time.monotonic(), reason=refusal.message)
+            return
         self._clients[addr] = None
+        self._open_from[addr[0]] += 1
         task = asyncio.get_running_loop().create_task(self._serve(request, addr))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -165,35 +228,45 @@ class TftpServer(asyncio.DatagramProtocol):
     async def _serve(self, request: proto.Request, client: tuple) -> None:
         t0 = time.monotonic()
         try:
-            data = await asyncio.to_thread(_load, self.root, request)
+            content = await asyncio.to_thread(_open, self.root, request)
         except proto.TftpError as exc:
             if self._listen:
                 self._listen.sendto(exc.packet(), client)
             self._emit("denied", client, request.filename, t0, reason=exc.message)
             return
-        transfer = proto.Transfer(request, data, **self.options)
+        transfer = proto.Transfer(request, content, **self.options)
         loop = asyncio.get_running_loop()
         try:
             sock = _socket(self.address, 0, self.interface, client)
             await loop.create_datagram_endpoint(
-                lambda: _Session(self, transfer, client, request.filename, t0), sock=sock
+                lambda: _Session(self, transfer, content, client, request.filename, t0),
+                sock=sock,
             )
         except OSError as exc:
+            content.close()
             self._emit("failed", client, request.filename, t0, reason=str(exc))
 
     def _emit(self, kind: str, client: tuple, name: str, t0: float, size=0, reason="") -> None:
         """Count, log and report the start or the end of one request, or a dropped datagram."""
-        if kind in ("done", "failed", "denied"):
-            del self._clients[client]
+        if kind in ("done", "failed", "denied") and client in self._clients:
+            del self._clients[client]  # (a refusal for crowding never got in)
+            self._open_from[client[0]] -= 1
+            if not self._open_from[client[0]]:
+                del self._open_from[client[0]]
         self.stats.transfers_ok += kind == "done"
         self.stats.transfers_failed += kind == "failed"
         self.stats.denied += kind == "denied"
         self.stats.malformed += kind == "malformed"
         self.stats.bytes_sent += size
         event = TftpEvent(kind, client[0], client[1], name, size, time.monotonic() - t0, reason)
-        level = logging.DEBUG if kind in ("start", "malformed") else logging.INFO
-        line = f"{kind} {client[0]}:{client[1]} {name} {size} bytes {event.seconds:.3f} s {reason}"
-        log.log(level, "%s", line.rstrip())
+        line = f"{kind} {client[0]}:{client[1]} {printable(name)} {size} bytes "
+        line += f"{event.seconds:.3f} s {printable(reason)}"
+        if kind in ("start", "malformed"):
+            log.debug("%s", line.rstrip())
+        elif kind == "done":
+            log.info("%s", line.rstrip())
+        else:  # failures and refusals: a flood of them must not flood the log
+            quiet.log(client[0], logging.INFO, "%s", line.rstrip())
         if self.on_event:
             try:
                 self.on_event(event)
@@ -223,5 +296,6 @@ async def start_tftp(
     """Serve files under `root` read-only on address:port (bound to `interface` if given)."""
     server = TftpServer(root, address, interface, on_event, timeout=timeout, retries=retries)
     sock = _socket(address, port, interface)
+    _deep_receive_buffer(sock)
     await asyncio.get_running_loop().create_datagram_endpoint(lambda: server, sock=sock)
     return server
