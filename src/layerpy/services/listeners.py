@@ -28,6 +28,7 @@ log = logging.getLogger("layerpy.http")
 
 IDLE_TIMEOUT = 15.0  # seconds a connection may sit without a complete request
 PER_CLIENT = 64  # connections one address may hold (iPXE and agents use one or two)
+BACKLOG = 1024  # handshakes queued for accept(): a rack of nodes fetching at once
 SPARE_FDS = 256  # descriptors kept for TFTP transfers, BMC sessions and files
 
 
@@ -141,6 +142,7 @@ class AdmittedSite(web.BaseSite):
             self.port,
             ssl=self._ssl_context,
             reuse_address=True,
+            backlog=BACKLOG,
         )
 
 
