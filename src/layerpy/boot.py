@@ -98,6 +98,9 @@ class BootPolicy:
         """What this request deserves; nothing is written here (see apply())."""
         mac, firmware = request.mac, firmware_of(request)
         vendor = request.options.get(OPT_VENDOR_CLASS, b"").decode("ascii", "replace") or None
+        if not request.giaddr.is_unspecified and request.giaddr not in self._relays():
+            why = f"relayed by {request.giaddr}, not a relay the node file names"
+            return Verdict(mac, firmware, vendor, None, None, False, None, why)
         location = self._relay_location(request)
         located = self.nodes.who_is(mac, location) if location is not None else None
         node = located or self.nodes.by_mac(mac)
@@ -156,6 +159,12 @@ class BootPolicy:
             )
         return lease
 
+    def _relays(self) -> set[IPv4Address]:
+        """The relay agents the node file names (``switches.*.relay``): the only senders
+        whose option 82 is believed, and whose clients are answered (a reply goes to the
+        giaddr, so a made-up one would aim it at any address)."""
+        return {s.relay for s in self.config.switches.values() if s.relay is not None}
+
     def _relay_location(self, request: DhcpPacket) -> tuple[str, str] | None:
         """The switch port a relay agent names (option 82): the switch by its remote id,
         else by the relay's address; the port is the circuit id.
@@ -164,8 +173,11 @@ class BootPolicy:
         can put option 82 in a packet of their own, only the relay is trusted to have
         stripped it and written its own. Not at all under ``identity = "mac"``."""
         relay = request.relay_agent
-        trusted = {s.relay for s in self.config.switches.values() if s.relay is not None}
-        if 1 not in relay or request.giaddr not in trusted or self.config.server.identity == "mac":
+        if (
+            1 not in relay
+            or request.giaddr not in self._relays()
+            or self.config.server.identity == "mac"
+        ):
             return None
         remote = relay.get(2, b"").decode(errors="replace")
         switch = next(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -209,3 +210,48 @@ def test_garbage_is_counted_and_service_goes_on(link, served, tmp_path: Path) ->
     script, log = recorder(tmp_path)
     udhcpc_once(link, script)
     assert "bound 10.77.0.12" in log.read_text()
+
+
+# DHCPINFORMs at 300/s from made-up MACs, each claiming a made-up address of the subnet:
+# an answer to one would wait for ARP from an address nobody has.
+INFORMS = r"""
+import os, random, socket, struct, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, sys.argv[1].encode())
+end = time.monotonic() + float(sys.argv[2])
+sent = 0
+while time.monotonic() < end:
+    ciaddr = bytes([10, 77, 0, random.randint(2, 199)])
+    head = struct.pack("!BBBBIHH4s4s4s4s16s", 1, 1, 6, 0, random.getrandbits(32), 0, 0,
+                       ciaddr, bytes(4), bytes(4), bytes(4), os.urandom(6) + bytes(10))
+    s.sendto(head + bytes(192) + b"\x63\x82\x53\x63\x35\x01\x08\xff", ("255.255.255.255", 67))
+    sent += 1
+    time.sleep(max(0.0, sent / 300 - (time.monotonic() - end + float(sys.argv[2]))))
+print(sent)
+"""
+
+
+def test_an_inform_flood_does_not_silence_dhcp(link, served, tmp_path: Path) -> None:
+    served(discover=True)  # strangers get pool grants: INFORMs from them used to be answered
+    flood = link.client.popen([sys.executable, "-c", INFORMS, link.client_if, "15"],
+                              stdout=subprocess.PIPE)  # fmt: skip
+    try:
+        script, log = recorder(tmp_path)
+        deadline = time.monotonic() + 10
+        while (
+            api(tmp_path, "/api/v1/stats").get("dhcp", {}).get("inform", {}).get("requests", 0)
+            < 300
+        ):  # the flood is on
+            assert time.monotonic() < deadline, "no INFORM flood"
+            time.sleep(0.2)
+        begun = time.monotonic()
+        udhcpc_once(link, script, tries="10")
+        took = time.monotonic() - begun
+        assert flood.poll() is None, "the flood ended before the lease: the test proves nothing"
+        print(f"\nleased in {took:.1f} s during a 300/s INFORM flood")
+        assert "bound 10.77.0.12" in log.read_text()
+    finally:
+        flood.wait(30)
+    stats = api(tmp_path, "/api/v1/stats")["dhcp"]
+    assert stats["inform"]["requests"] >= 1000 and stats["silent"]["requests"] >= 1000

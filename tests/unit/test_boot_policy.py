@@ -211,6 +211,17 @@ def test_option_82_counts_only_from_a_named_relay(make_config, giaddr, identity)
     assert service.policy.nodes.identities.bindings == {}
 
 
+def test_only_relays_the_file_names_are_answered(make_config) -> None:
+    """A reply goes to the giaddr: a made-up one would aim it at any address."""
+    service = make_service(with_discovery(make_config, LOCATED))
+    stranger = IPv4Address("10.99.0.77")
+    for mac in (KNOWN, STRANGER):
+        verdict, decision = service.handle(request(dhcp.DISCOVER, mac=mac, giaddr=stranger, **BIOS))
+        assert decision.reply is None, mac
+        assert verdict.why == "relayed by 10.99.0.77, not a relay the node file names"
+    assert answer(service, request(dhcp.DISCOVER, mac=KNOWN, giaddr=RELAY, **BIOS)) is not None
+
+
 def test_a_port_held_by_a_live_machine_is_not_given_away(make_config) -> None:
     service = make_service(with_discovery(make_config, LOCATED))
     inventory = service.policy.nodes

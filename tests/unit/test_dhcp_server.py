@@ -300,6 +300,8 @@ def test_inform_gets_options_without_address_or_lease() -> None:
         ("0.0.0.0", FIXED, "INFORM without ciaddr"),
         ("172.16.0.5", FIXED, "INFORM from 172.16.0.5, outside 10.99.0.0/24"),
         ("10.99.0.11", None, "no options for this client"),
+        # anyone may send INFORM with any ciaddr: a reply would be aimed at that address
+        ("10.99.0.77", FIXED, "INFORM from 10.99.0.77, which is not its address here"),
     ],
 )
 def test_inform_we_cannot_answer_is_silent(ciaddr, grant, reason) -> None:

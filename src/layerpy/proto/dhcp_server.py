@@ -186,6 +186,8 @@ def _inform(request: DhcpPacket, server: ServerIdentity, grant: Grant | None) ->
         return _silent(f"INFORM from {request.ciaddr}, outside {server.subnet}")
     if grant is None:
         return _silent("no options for this client")
+    if request.ciaddr != grant.address:  # else anyone could aim replies at any address
+        return _silent(f"INFORM from {request.ciaddr}, which is not its address here")
     return _reply(request, build_reply(request, grant.offer), "inform: options only")
 
 

@@ -83,9 +83,20 @@ class DhcpService(asyncio.DatagramProtocol):
         server = ServerIdentity(self.server_address, self.policy.config.network.subnet)
         decision = decide(request, server, verdict.grant)
         if decision.reply is not None and decision.destination is not None and self.transport:
-            self.transport.sendto(dhcp.encode(decision.reply), decision.destination)
+            self._send(dhcp.encode(decision.reply), decision.destination)
         self.policy.apply(verdict, decision.effects)
         return verdict, decision
+
+    def _send(self, reply: bytes, destination: tuple[str, int]) -> None:
+        """A unicast reply waits in the kernel for its address to answer ARP; when such
+        replies fill the socket, new unicast ones are dropped (the client asks again), so
+        they never queue up in front of the broadcasts the booting clients wait for."""
+        assert self.transport is not None
+        unicast = destination[0] != "255.255.255.255"
+        if unicast and self.transport.get_write_buffer_size() > 0:
+            self.stats.count("dhcp", "dropped", ok=False)
+            return
+        self.transport.sendto(reply, destination)
 
     def _log(self, mac: str, kind: str, source: str, verdict: Verdict, decision: Decision) -> None:
         """One debug line per packet when asked for; an info line per event (a NAK, a
