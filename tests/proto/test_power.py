@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from layerpy.power import NoneDriver, PowerError, PowerSpec, make_driver
-from layerpy.power.base import scrub
+from layerpy.power.base import MAX_SESSIONS, scrub
 from layerpy.power.ipmi import DEAD_AFTER
 from layerpy.power.poller import Poller
 
@@ -231,6 +231,21 @@ def test_dead_bmc_fails_fast_and_does_not_hold_up_a_live_one(rig: Rig) -> None:
     assert result["redfish_failed_after"] < 6.5
 
 
+@pytest.mark.netns
+def test_dead_bmcs_cannot_keep_a_live_one_waiting(rig: Rig) -> None:
+    """Each try at a dead BMC holds an IPMI worker for seconds: with twice as many dead
+    BMCs as workers, a live BMC's actions waited behind theirs (about 24 s)."""
+    result = rig.in_lab("dead_crowd", timeout=300)
+    polls = result["polls"]
+    assert all(error and "unreachable (no answer in" in error for _, error in polls), polls
+    assert [error for _, error in result["live"]] == [None, None, None], result["live"]
+    slowest = max(seconds for seconds, _ in result["live"])
+    print(f"\nlive BMC beside 32 dead ones: slowest action {slowest:.1f} s")
+    assert slowest < 10.0, result["live"]
+    for seconds, error in result["actions"]:
+        assert "not tried again" in error and seconds < 1.0, (seconds, error)
+
+
 # IPMI answers 4 s late; Redfish 6 s, above the 5 s a request was once allowed: Redfish
 # BMCs are the slower kind. Both open their ports only 8 s after the driver first tries.
 SLOW = {"ipmi": (BMC, 4.0), "redfish": (REDFISH, 6.0)}
@@ -366,6 +381,39 @@ async def dead_and_live() -> dict[str, Any]:
     }
 
 
+async def dead_crowd() -> dict[str, Any]:
+    """32 dead BMCs (twice the IPMI workers) are polled, as many at once as there are
+    workers, and found silent; then each gets an action while a live BMC is switched.
+    Times in seconds."""
+    loop = asyncio.get_running_loop()
+    dead = [make_driver(f"cn{100 + i}", PowerSpec("ipmi", f"10.99.1.{100 + i}", "admin",
+                                                  PASSWORD)) for i in range(32)]  # fmt: skip
+    workers = asyncio.Semaphore(MAX_SESSIONS)
+
+    async def poll(power: Any) -> None:
+        async with workers:
+            await power.status()
+
+    live = make_driver("cn001", PowerSpec("ipmi", BMC, "admin", PASSWORD))
+
+    async def timed(call: Any) -> tuple[float, str | None]:
+        begun = loop.time()
+        try:
+            await call
+        except PowerError as error:
+            return loop.time() - begun, str(error)
+        return loop.time() - begun, None
+
+    try:
+        polls = await asyncio.gather(*(timed(poll(power)) for power in dead))
+        actions = [asyncio.create_task(timed(power.on())) for power in dead]
+        switched = [await timed(getattr(live, name)()) for name in ("on", "status", "off")]
+        refused = await asyncio.gather(*actions)
+    finally:
+        await asyncio.gather(live.close(), *(power.close() for power in dead))
+    return {"polls": polls, "actions": refused, "live": switched}
+
+
 async def refused() -> dict[str, str]:
     """The errors of a wrong password, as shown."""
     wrong = "Not-The-Password-1"
@@ -428,6 +476,7 @@ async def slow_late(driver: str, address: str, qmp_path: str) -> dict[str, Any]:
 SCENARIOS = {
     "exercise": exercise,
     "dead_and_live": dead_and_live,
+    "dead_crowd": dead_crowd,
     "refused": refused,
     "slow_late": slow_late,
 }

@@ -66,6 +66,7 @@ from layerpy.power.base import MAX_SESSIONS, PowerError, PowerSpec, scrub
 PACKET_TIMEOUT = 6.0  # seconds pyghmi waits for each answer: above a slow BMC's 2-5 s
 DEAD_AFTER = 2 * PACKET_TIMEOUT  # a login sends twice before the BMC counts as unreachable
 TIMEOUT = 45.0  # seconds a caller waits: a first contact is 8 exchanges, 32 s at 4 s each
+SKIP_DEAD = 30.0  # seconds after a BMC went silent that actions are not even tried
 IDLE_REUSE = 20.0  # seconds: an older session is replaced before BMC or pyghmi expire it
 LOGOUT_WAIT = 2.0  # seconds close() waits for the logout to be sent
 WAKE_EVERY = 0.2  # seconds: the longest a worker sleeps before looking for its answer
@@ -247,15 +248,17 @@ class IpmiDriver:
         self._last_ok = 0.0
         self._login: Future[None] | None = None
         self._jobs: set[Future[Any]] = set()
+        self._silent_since: float | None = None  # when it last failed to answer at all
 
     async def status(self) -> str:
+        """Always asked, also of a silent BMC: the poller's reads are what find it back."""
         return await self._run(lambda command: command.get_power()["powerstate"])
 
     async def on(self) -> None:
-        await self._run(lambda command: command.set_power("on"))
+        await self._act(lambda command: command.set_power("on"))
 
     async def off(self) -> None:
-        await self._run(lambda command: command.set_power("off"))
+        await self._act(lambda command: command.set_power("off"))
 
     async def cycle(self) -> None:
         """Chassis power cycle when on (a harder restart than reset), power on when off."""
@@ -268,10 +271,10 @@ class IpmiDriver:
                 if "error" in response:
                     raise PowerError(f"power cycle refused: {response['error']}")
 
-        await self._run(cycle)
+        await self._act(cycle)
 
     async def boot_network_once(self) -> None:
-        await self._run(lambda command: command.set_bootdev("network"))
+        await self._act(lambda command: command.set_bootdev("network"))
 
     async def close(self) -> None:
         """Drop queued work and log out; a BMC that does not answer forgets the session by
@@ -293,6 +296,18 @@ class IpmiDriver:
             await asyncio.wait_for(asyncio.shield(result), LOGOUT_WAIT)
 
     # -- the caller's side -------------------------------------------------------------
+
+    async def _act(self, operation: Callable[[Command], T]) -> T:
+        """An action, not tried for ``SKIP_DEAD`` seconds after the BMC went silent: each
+        try would hold one of the few IPMI workers for ``DEAD_AFTER`` seconds, and enough
+        dead BMCs would keep live ones waiting behind them."""
+        silent = self._silent_since
+        if silent is not None and (age := time.monotonic() - silent) < SKIP_DEAD:
+            raise PowerError(
+                f"{self.node}: BMC {self.address} unreachable ({age:.0f} s ago): not tried "
+                f"again before {SKIP_DEAD - age:.0f} s, or its next poll answering"
+            )
+        return await self._run(operation)
 
     async def _run(self, operation: Callable[[Command], T]) -> T:
         """`operation` on the session, logging in first when needed; a PowerError within
@@ -372,6 +387,7 @@ class IpmiDriver:
             # doubling each command's time; the answer does not change within a session
             self._command._oemknown = self._command._oem is not None
             self._last_ok = time.monotonic()
+            self._silent_since = None
             return result
         except Exception as error:
             self._logout()
@@ -382,6 +398,7 @@ class IpmiDriver:
             # come and fails on its missing "command": that is silence too
             silent = isinstance(error, KeyError) or text in ("", "timeout")
             if silent or text == "Session no longer connected":
+                self._silent_since = time.monotonic()
                 raise self._unreachable(time.monotonic() - begun) from None
             reason = scrub(text, self.spec.password)
             raise PowerError(f"{self.node}: BMC {self.address}: {reason}") from None
