@@ -191,6 +191,17 @@ BROKEN = {
             "127.0.0.1:8081"
         ],
     ),
+    "credentials in clear": (
+        (
+            "[ipxe]",
+            '[images.a]\nsource = "registry://10.99.0.1:5000/lab/a:1"\ninsecure = true\n'
+            'user = "u"\npassword_env = "HOME"\n\n[ipxe]',
+        ),
+        [
+            "nodes.toml:20: images.a.insecure: credentials go only over TLS: drop insecure, "
+            "or the user and password"
+        ],
+    ),
     "node is the server": (
         ('ip = "10.99.0.5"', 'ip = "10.99.0.1"'),
         ["nodes.toml:29: nodes.login: login's IP 10.99.0.1 is the server's own address"],

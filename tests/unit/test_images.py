@@ -16,9 +16,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from yarl import URL
 
 import layerpy.images.store as store_module
 from layerpy.images import ImageError, ImageSource, ImageStore, parse_source
+from layerpy.images.registry import credentials_withheld
 
 from oci import (
     Layout,
@@ -395,6 +397,24 @@ def test_parse_source(text: str, expected: tuple) -> None:
 def test_parse_source_rejects_junk(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("[", r"\[")):
         parse_source(text)
+
+
+@pytest.mark.parametrize(
+    ("realm", "allowed", "withheld"),
+    [
+        ("https://registry.example/token", (), None),
+        ("https://auth.example/token", ("auth.example",), None),
+        ("https://evil.example/token", (), "credentials not sent to evil.example, not the "
+         "registry's host: list it in the image's credentials_to if it is the registry's "
+         "token service"),
+        ("http://registry.example/token", (), "credentials not sent to registry.example: "
+         "only over TLS (https)"),
+    ],
+)  # fmt: skip
+def test_credentials_go_only_to_the_registrys_own_token_service(realm, allowed, withheld) -> None:
+    source = ImageSource("registry", "registry.example/r", "1", user="u", password="hunter2",
+                         credentials_to=allowed)  # fmt: skip
+    assert credentials_withheld(realm, URL("https://registry.example"), source) == withheld
 
 
 def test_credentials_stay_out_of_text() -> None:

@@ -12,7 +12,16 @@ from layerpy.config.reading import Reader
 from layerpy.config.records import ImageConfig
 from layerpy.images.source import parse_source
 
-IMAGE_KEYS = {"source", "insecure", "systemd", "command", "user", "password_file", "password_env"}
+IMAGE_KEYS = {
+    "source",
+    "insecure",
+    "systemd",
+    "command",
+    "user",
+    "password_file",
+    "password_env",
+    "credentials_to",
+}
 
 
 def read(r: Reader, data: dict[str, Any]) -> dict[str, ImageConfig]:
@@ -28,8 +37,14 @@ def read(r: Reader, data: dict[str, Any]) -> dict[str, ImageConfig]:
         if source.kind != "registry" and insecure:
             r.problem(f"{prefix}.insecure", "applies to registry sources only")
         user = get("user", str)
+        if (user or password) and insecure:
+            r.problem(
+                f"{prefix}.insecure",
+                "credentials go only over TLS: drop insecure, or the user and password",
+            )
         if user or password:
-            source = replace(source, user=user, password=password)
+            credentials_to = get("credentials_to", list, values.string_list, default=())
+            source = replace(source, user=user, password=password, credentials_to=credentials_to)
         if source.kind != "registry":
             source = replace(source, location=str(r.path(source.location)))
         images[name] = ImageConfig(name, source, get("systemd", bool, default=False), command)

@@ -104,10 +104,12 @@ class RegistryFetcher:
         realm = params["realm"]
         scope = params.get("scope", f"repository:{self.repo}:pull")
         query = {"service": params.get("service", ""), "scope": scope}
-        headers = {"Authorization": basic} if basic else {}
+        withheld = credentials_withheld(realm, self.base, self.source) if basic else None
+        headers = {"Authorization": basic} if basic and withheld is None else {}
         async with self.http.get(realm, params=query, headers=headers) as got:
             if got.status != 200:
-                raise ImageError(f"{self.where}: token service {realm} refused ({got.status})")
+                why = f"; {withheld}" if withheld else ""
+                raise ImageError(f"{self.where}: token service {realm} refused ({got.status}){why}")
             try:
                 answer = await got.json(content_type=None)
             except ValueError:
@@ -132,3 +134,21 @@ class RegistryFetcher:
         except (ValueError, LookupError, TypeError, aiohttp.ClientError):
             message = response.reason or ""
         return f"{self.where}: {what}: HTTP {status} {message}".rstrip()
+
+
+def credentials_withheld(realm: str, registry: URL, source: ImageSource) -> str | None:
+    """Why the registry's credentials must not go to the token service at ``realm`` (a
+    registry names it, and a hostile one would name its own), or None when they may:
+    over TLS, to the registry's own host or one the node file lists in credentials_to."""
+    try:
+        url = URL(realm)
+    except ValueError:
+        return f"credentials not sent to {realm!r}: not a URL"
+    if url.scheme != "https":
+        return f"credentials not sent to {url.host}: only over TLS (https)"
+    if url.host != registry.host and url.host not in source.credentials_to:
+        return (
+            f"credentials not sent to {url.host}, not the registry's host: list it in the "
+            "image's credentials_to if it is the registry's token service"
+        )
+    return None

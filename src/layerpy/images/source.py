@@ -45,6 +45,7 @@ class ImageSource:
     insecure: bool = False  # plain HTTP, for a local registry
     user: str | None = None
     password: str | None = field(default=None, repr=False)
+    credentials_to: tuple[str, ...] = ()  # other hosts the credentials may go to (token services)
 
     def __str__(self) -> str:
         """The source as the node file spells it (without credentials)."""
