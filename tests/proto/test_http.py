@@ -384,3 +384,88 @@ def test_idle_connections_cannot_shut_out_a_node(host: Host, tmp_path: Path) -> 
         idle.wait(30)
     log = (tmp_path / "serve.log").read_text()
     assert log.count("refusing HTTP connections from 10.66.0.99") == 1, log[-2000:]
+
+
+BMC_SECRET = "Bmc-Planted-Secret-41"
+REGISTRY_SECRET = "Registry-Planted-Secret-42"
+SECRETS_FILE = """
+[images.private]
+source = "registry://10.66.0.1:5443/lab/private:1"
+user = "puller"
+password_env = "LAYERPY_TEST_REGISTRY_PASSWORD"
+
+[nodes.cn003]
+ip = "10.66.0.13"
+image = "private"
+bmc = { driver = "ipmi", address = "10.66.0.99", user = "admin", password_file = "bmc.pass" }
+"""
+
+
+def test_secrets_appear_nowhere_but_where_they_belong(
+    make_config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plant a BMC password, a registry password, operator tokens and boot tokens; then
+    read every API answer, the log, every state file's mode and the process's command line."""
+    (tmp_path / "bmc.pass").write_text(BMC_SECRET + "\n")
+    monkeypatch.setenv("LAYERPY_TEST_REGISTRY_PASSWORD", REGISTRY_SECRET)
+    config = make_config(server="10.66.0.1", interface="d0", more=SECRETS_FILE)
+    ns = Netns("lps")
+    try:
+        ns.run("ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1")
+        ns.run("ip", "link", "set", "d1", "up")
+        for address in ("10.66.0.1/24", "10.66.0.11/24", "10.66.0.99/24"):
+            ns.run("ip", "addr", "add", address, "dev", "d0")
+        ns.run("ip", "link", "set", "d0", "up")
+        log = tmp_path / "serve.log"
+        with log.open("wb") as out:  # the registry password in the environment, inherited
+            command = [str(LAYERPY), "serve", "-c", str(config.path), "--debug"]
+            serve = ns.popen(command, stdout=out, stderr=out)
+        host = Host(ns, tmp_path / "state" / "api.sock")
+        deadline = time.monotonic() + 20
+        while api(host, "/api/v1/nodes")[0] != 200:
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        config_args = ["-c", str(config.path)]
+        viewer = ns.run(str(LAYERPY), "token", "add", "viewer", *config_args).stdout.strip()
+        admin = (tmp_path / "state" / "admin.token").read_text().strip()
+        script = curl(host, f"{BASE}/boot/cn001.ipxe", source="10.66.0.11")[1]
+        boot_token = re.search(r"layerpy.token=(\S+)", script).group(1)
+        tcp_api(host, "/api/v1/nodes", token="lpy_wrong")  # refused tokens are not logged
+        tcp_api(host, "/api/v1/nodes", token=viewer)
+
+        def pulled_or_failed() -> bool:
+            images = json.loads(api(host, "/api/v1/images")[1])
+            return all(image["state"] in ("ready", "error") for image in images)
+
+        def bmc_failed() -> bool:
+            return json.loads(api(host, "/api/v1/nodes/cn003")[1])["power_error"] is not None
+
+        deadline = time.monotonic() + 60
+        while not (pulled_or_failed() and bmc_failed()):
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+        answers = [
+            api(host, path)[1]
+            for path in ("/api/v1/nodes", "/api/v1/nodes/cn003", "/api/v1/nodes/cn[001-003]/explain",
+                         "/api/v1/unknown", "/api/v1/events", "/api/v1/stats", "/api/v1/plan",
+                         "/api/v1/images", "/metrics")
+        ]  # fmt: skip
+        answers.append(ns.run(str(LAYERPY), "status", *config_args).stdout)
+        answers.append(ns.run(str(LAYERPY), "token", "list", *config_args).stdout)
+        cmdline = Path(f"/proc/{serve.pid}/cmdline").read_bytes().decode()
+        serve.terminate()
+        serve.wait(20)
+    finally:
+        ns.close()
+    text = log.read_text()
+    assert "BMC 10.66.0.99" in text and "registry 10.66.0.1:5443" in text  # both were tried
+    everything = "\n".join([*answers, text, cmdline])
+    for secret in (BMC_SECRET, REGISTRY_SECRET, admin, viewer, boot_token):
+        assert secret not in everything, secret
+    state = tmp_path / "state"
+    assert state.stat().st_mode & 0o777 == 0o700
+    for path in state.rglob("*"):
+        if path.is_file() and (BMC_SECRET.encode() in path.read_bytes() or
+                               boot_token.encode() in path.read_bytes()):  # fmt: skip
+            assert path.stat().st_mode & 0o077 == 0, path
+    assert admin not in (state / "tokens.json").read_text()  # digests only
