@@ -142,11 +142,12 @@ def status(api: Client, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(nodes, indent=2))  # JSON escapes control characters
         return
-    table = Table("node", "mac", "ip", "state", "boots", "timeline (s since boot start)")
+    columns = ("node", "mac", "ip", "hostname", "state", "boots", "timeline (s since boot start)")
+    table = Table(*columns)
     for node in nodes:
         timeline = " ".join(f"{k}={v:g}" for k, v in node["timeline"].items())
-        _row(table, node["name"], node["mac"] or "-", node["ip"], node["run_state"],
-             node["boots"], timeline)  # fmt: skip
+        _row(table, node["name"], node["mac"] or "-", node["ip"], node["hostname"] or "-",
+             node["run_state"], node["boots"], timeline)  # fmt: skip
     console.print(table)
 
 

@@ -469,3 +469,16 @@ def test_secrets_appear_nowhere_but_where_they_belong(
                                boot_token.encode() in path.read_bytes()):  # fmt: skip
             assert path.stat().st_mode & 0o077 == 0, path
     assert admin not in (state / "tokens.json").read_text()  # digests only
+
+
+def test_status_shows_what_a_node_reports_as_plain_text(host: Host, tmp_path: Path) -> None:
+    """A report's text reaches the terminal as text: no escape sequences, no rich markup."""
+    script = curl(host, f"{BASE}/boot/cn001.ipxe", source="10.66.0.11")[1]
+    token = re.search(r"layerpy.token=(\S+)", script).group(1)
+    hostile = "[bold red]pwned[/] \x1b]0;title\x07\x1b[2J"
+    assert report(host, token=token, hostname=hostile)[0] == 200
+    table = host.ns.run(str(LAYERPY), "status", "-c", str(tmp_path / "nodes.toml"))
+    assert "\x1b" not in table.stdout and "\x07" not in table.stdout
+    assert "[bold red]pwned[/]" in table.stdout  # shown as it is, not taken as markup
+    shown = json.loads(api(host, "/api/v1/nodes/cn001")[1])["hostname"]
+    assert shown == "[bold red]pwned[/] ?]0;title??[2J"
