@@ -28,6 +28,7 @@ log = logging.getLogger("layerpy.dhcp")
 ARCH_BIOS = 0
 ARCH_UEFI_X64 = (7, 9)
 DISCOVERY_LEASE = 300  # seconds: a discovery address is only held until the node is known
+PER_PORT = 4  # discovery addresses the machines behind one relay port may hold at once
 
 
 def firmware_of(request: DhcpPacket) -> str:
@@ -63,6 +64,7 @@ class BootPolicy:
         self.nodes = nodes
         self._leases: LeaseTable | None = None
         self._leases = self._pool_table()
+        self._ports: dict[str, tuple[str, str]] = {}  # pool holders behind a relay: their port
 
     @property
     def config(self) -> Config:
@@ -82,7 +84,10 @@ class BootPolicy:
         """Upkeep, an explicit step before deciding: follow a reloaded pool, and free the
         leases whose time has passed (returned, for the log)."""
         self._leases = self._pool_table()
-        return self._leases.expire() if self._leases is not None else []
+        lapsed = self._leases.expire() if self._leases is not None else []
+        for lease in lapsed:
+            self._ports.pop(lease.client, None)
+        return lapsed
 
     def _pool_table(self) -> LeaseTable | None:
         network = self.config.network
@@ -108,7 +113,7 @@ class BootPolicy:
             grant: Grant | None = Grant(self._offer_for(node, firmware))
             why = node.name
         else:
-            grant, why = self._discovery(request, firmware)
+            grant, why = self._discovery(request, firmware, location)
         boot_request = node is not None and firmware != "os" and request.message_type == DISCOVER
         return Verdict(mac, firmware, vendor, node, location, boot_request, grant, why)
 
@@ -136,6 +141,10 @@ class BootPolicy:
         if not effect.pooled or table is None:
             return  # a fixed address is never held, freed or quarantined
         client, address = effect.client, effect.address
+        if effect.action in (Action.HOLD, Action.COMMIT) and verdict.location is not None:
+            self._ports[client] = verdict.location
+        elif effect.action in (Action.WITHDRAW, Action.RELEASE, Action.DECLINE):
+            self._ports.pop(client, None)
         if effect.action is Action.WITHDRAW:
             table.withdraw(client)
         elif effect.action is Action.RELEASE:
@@ -190,13 +199,23 @@ class BootPolicy:
             return None
         return switch, port
 
-    def _discovery(self, request: DhcpPacket, firmware: str) -> tuple[Grant | None, str]:
+    def _discovery(
+        self, request: DhcpPacket, firmware: str, port: tuple[str, str] | None
+    ) -> tuple[Grant | None, str]:
         """A machine no node claims (yet) boots the minOS from the pool, so its agent can
-        tell where it is plugged in; without a pool it gets nothing."""
+        tell where it is plugged in; without a pool it gets nothing. Behind a relay port,
+        at most PER_PORT machines at once: made-up MACs from one port cannot take the pool."""
         table = self._leases
         if table is None:
             return None, "unknown machine, network.discover is off"
         mac = request.mac
+        if port is not None and table.lease_of(mac) is None:
+            held = sum(1 for other, at in self._ports.items() if at == port and other != mac)
+            if held >= PER_PORT:
+                return (
+                    None,
+                    f"unknown machine, {port[0]}:{port[1]} holds {held} discovery addresses",
+                )
         wanted = request.requested_ip or (None if request.ciaddr.is_unspecified else request.ciaddr)
         address = table.candidate(mac, wanted)
         if address is None:

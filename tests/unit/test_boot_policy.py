@@ -8,7 +8,7 @@ from ipaddress import IPv4Address
 
 import pytest
 
-from layerpy.boot import DISCOVERY_LEASE, BootPolicy, firmware_of
+from layerpy.boot import DISCOVERY_LEASE, PER_PORT, BootPolicy, firmware_of
 from layerpy.config import load
 from layerpy.model import RunState
 from layerpy.nodes import NodeStore
@@ -298,6 +298,27 @@ def test_a_declined_address_is_quarantined(discovery, clock) -> None:
     )
     clock.now += QUARANTINE
     assert [lease.state for lease in discovery.policy.tick()] == [OFFERED, DECLINED]  # by time
+
+
+def test_one_relay_port_holds_a_bounded_share_of_the_pool(make_config, clock) -> None:
+    """Made-up MACs behind one switch port (swp9: no node there) take PER_PORT addresses;
+    the other ports still get theirs, and a lapsed offer makes room again."""
+    service = make_service(with_discovery(make_config, LOCATED), clock)
+    on_swp9 = {"o82": b"\x01\x04swp9"}
+
+    def discover(mac: str, port: dict) -> dhcp.DhcpPacket | None:
+        return answer(service, request(dhcp.DISCOVER, mac=mac, giaddr=RELAY, **BIOS, **port))
+
+    offers = [discover(f"52:54:00:bb:00:{i:02x}", on_swp9) for i in range(10)]
+    assert sum(offer is not None for offer in offers) == PER_PORT
+    verdict = service.policy.verdict(
+        request(dhcp.DISCOVER, mac="52:54:00:bb:00:20", giaddr=RELAY, **BIOS, **on_swp9)
+    )
+    assert verdict.why == f"unknown machine, sw1:swp9 holds {PER_PORT} discovery addresses"
+    assert discover("52:54:00:bb:00:30", {"o82": b"\x01\x05swp10"}) is not None
+    assert discover(f"52:54:00:bb:00:{PER_PORT - 1:02x}", on_swp9) is not None  # holders: again
+    clock.now += 61  # the offers were never taken up
+    assert discover("52:54:00:bb:00:21", on_swp9) is not None
 
 
 def test_a_released_address_comes_back_to_its_machine(discovery) -> None:
