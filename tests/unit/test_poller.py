@@ -217,3 +217,17 @@ async def test_a_driver_or_report_that_raises_stops_nothing() -> None:
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="interval"):
         Poller({}, Reports(), 0)
+
+
+@scenario
+async def test_a_cancel_as_the_poller_wakes_still_stops_it() -> None:
+    """3.11's wait_for swallows a cancel that arrives as what it waits for completes: the
+    poller then ran on for ever, and whoever awaited it (shutdown, a test) hung."""
+    for _ in range(50):
+        poller = Poller({"cn1": Bmc()}, Reports(), INTERVAL)
+        task = asyncio.create_task(poller.run())
+        await asyncio.sleep(0)  # it runs up to its wait
+        poller._wake.set()  # a poll ends (as _done() does) ...
+        task.cancel()  # ... just as the server stops
+        done, _ = await asyncio.wait([task], timeout=5)
+        assert done, "the poller ignored its cancellation"

@@ -293,7 +293,8 @@ class IpmiDriver:
         result = asyncio.wrap_future(logout)
         result.add_done_callback(_retrieved)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(result), LOGOUT_WAIT)
+            async with asyncio.timeout(LOGOUT_WAIT):
+                await asyncio.shield(result)
 
     # -- the caller's side -------------------------------------------------------------
 
@@ -328,8 +329,9 @@ class IpmiDriver:
         remaining = max(0.0, TIMEOUT - (time.monotonic() - begun))
         result = asyncio.wrap_future(job)
         result.add_done_callback(_retrieved)  # no "never retrieved" once the caller left
-        try:
-            return await asyncio.wait_for(asyncio.shield(result), remaining)
+        try:  # asyncio.timeout: 3.11's wait_for can swallow a cancel that meets the result
+            async with asyncio.timeout(remaining):
+                return await asyncio.shield(result)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if job.cancelled() and task is not None and not task.cancelling():

@@ -98,8 +98,11 @@ class Poller:
                 for due, free in self._queues():
                     if due and free():
                         wait = min(wait, max(0.0, due[0][0] - now))
+                # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel that
+                # arrives as the event is set, and the poller then runs on for ever
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), wait)
+                    async with asyncio.timeout(wait):
+                        await self._wake.wait()
         finally:
             for task in list(self._tasks):
                 task.cancel()
