@@ -188,7 +188,7 @@ class TokenService:
     """A token service as a registry's `auth.token` expects one: checks basic credentials
     and grants what the scope asks, as an ES256 JWT whose x5c names a self-signed cert."""
 
-    def __init__(self, root: Path, user: str, password: str) -> None:
+    def __init__(self, root: Path, user: str, password: str, host: str = "127.0.0.1") -> None:
         self.key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "lab token service")])
         now = datetime.datetime.now(datetime.UTC)
@@ -227,8 +227,8 @@ class TokenService:
             def log_message(self, *args) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.realm = f"http://127.0.0.1:{self.server.server_port}/token"
+        self.server = ThreadingHTTPServer((host, 0), Handler)
+        self.realm = f"http://{host}:{self.server.server_port}/token"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def token(self, query: dict[str, str]) -> str:
@@ -268,6 +268,31 @@ def tokens(tmp_path: Path):
     service = TokenService(tmp_path, "lab", "s3cret")
     yield service
     service.close()
+
+
+def test_credentials_never_go_to_a_token_service_on_another_host(tmp_path: Path) -> None:
+    """A registry names its token service; a hostile one names its own. The credentials go
+    only to the registry's host (127.0.0.1), not to 127.0.0.2, unless the image lists it."""
+    elsewhere = TokenService(tmp_path, "lab", "s3cret", host="127.0.0.2")
+    issuer = {"realm": elsewhere.realm, "service": "lab-registry", "issuer": "lab-issuer"}
+    registry = Registry(
+        tmp_path / "registry", {"token": {**issuer, "rootcertbundle": str(elsewhere.bundle)}}
+    )
+    try:
+        layout = build_image(tmp_path / "a", "a", "IMAGE-A-MARKER")
+        push(layout, registry.address, "lab/a", "1", creds="lab:s3cret")
+        store = ImageStore(tmp_path / "store")
+        credentials = {"user": "lab", "password": "s3cret"}
+        elsewhere.requests.clear()  # (the push's)
+        with pytest.raises(ImageError, match=r"credentials not sent to 127\.0\.0\.2, not the"):
+            pull(store, source(registry, "lab/a:1", **credentials))
+        assert [request["auth"] for request in elsewhere.requests] == [None]
+        listed = replace(source(registry, "lab/a:1", **credentials), credentials_to=("127.0.0.2",))
+        assert pull(store, listed).digest == manifest_digest(layout)
+        assert elsewhere.requests[-1]["auth"] == elsewhere.expected
+    finally:
+        registry.close()
+        elsewhere.close()
 
 
 def test_token_auth(tmp_path: Path, tokens: TokenService) -> None:

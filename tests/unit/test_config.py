@@ -198,8 +198,8 @@ BROKEN = {
             'user = "u"\npassword_env = "HOME"\n\n[ipxe]',
         ),
         [
-            "nodes.toml:20: images.a.insecure: credentials go only over TLS: drop insecure, "
-            "or the user and password"
+            "nodes.toml:20: images.a.insecure: credentials go only over TLS (or loopback): "
+            "drop insecure, or the user and password"
         ],
     ),
     "node is the server": (

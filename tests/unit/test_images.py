@@ -409,6 +409,7 @@ def test_parse_source_rejects_junk(text: str, message: str) -> None:
          "token service"),
         ("http://registry.example/token", (), "credentials not sent to registry.example: "
          "only over TLS (https)"),
+        ("http://127.0.0.1:5001/token", ("127.0.0.1",), None),  # loopback: never on a wire
     ],
 )  # fmt: skip
 def test_credentials_go_only_to_the_registrys_own_token_service(realm, allowed, withheld) -> None:

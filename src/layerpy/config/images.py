@@ -7,9 +7,12 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from yarl import URL
+
 from layerpy.config import values
 from layerpy.config.reading import Reader
 from layerpy.config.records import ImageConfig
+from layerpy.images.registry import is_loopback
 from layerpy.images.source import parse_source
 
 IMAGE_KEYS = {
@@ -37,10 +40,12 @@ def read(r: Reader, data: dict[str, Any]) -> dict[str, ImageConfig]:
         if source.kind != "registry" and insecure:
             r.problem(f"{prefix}.insecure", "applies to registry sources only")
         user = get("user", str)
-        if (user or password) and insecure:
+        registry_host = URL(f"http://{source.location.partition('/')[0]}").host
+        if (user or password) and insecure and not is_loopback(registry_host):
             r.problem(
                 f"{prefix}.insecure",
-                "credentials go only over TLS: drop insecure, or the user and password",
+                "credentials go only over TLS (or loopback): drop insecure, or the user and "
+                "password",
             )
         if user or password:
             credentials_to = get("credentials_to", list, values.string_list, default=())

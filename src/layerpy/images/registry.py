@@ -8,6 +8,7 @@ import contextlib
 import os
 import re
 from collections.abc import AsyncIterator
+from ipaddress import ip_address
 
 import aiohttp
 from yarl import URL
@@ -139,12 +140,13 @@ class RegistryFetcher:
 def credentials_withheld(realm: str, registry: URL, source: ImageSource) -> str | None:
     """Why the registry's credentials must not go to the token service at ``realm`` (a
     registry names it, and a hostile one would name its own), or None when they may:
-    over TLS, to the registry's own host or one the node file lists in credentials_to."""
+    over TLS (or loopback, which never leaves this machine), to the registry's own host or
+    one the node file lists in credentials_to."""
     try:
         url = URL(realm)
     except ValueError:
         return f"credentials not sent to {realm!r}: not a URL"
-    if url.scheme != "https":
+    if url.scheme != "https" and not is_loopback(url.host):
         return f"credentials not sent to {url.host}: only over TLS (https)"
     if url.host != registry.host and url.host not in source.credentials_to:
         return (
@@ -152,3 +154,10 @@ def credentials_withheld(realm: str, registry: URL, source: ImageSource) -> str 
             "image's credentials_to if it is the registry's token service"
         )
     return None
+
+
+def is_loopback(host: str | None) -> bool:
+    try:
+        return ip_address(host or "").is_loopback
+    except ValueError:
+        return host == "localhost"
