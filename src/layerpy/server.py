@@ -84,6 +84,9 @@ class Server:
             total=max(64, listeners.raise_fd_limit() - listeners.SPARE_FDS),
             on_refused=lambda: self.stats.count("http", "refused", ok=False),
         )
+        bad = listeners.BadRequests(lambda: self.stats.count("http", "malformed", ok=False))
+        logging.getLogger("aiohttp.server").addFilter(bad)
+        self._closers.append(_Detach(logging.getLogger("aiohttp.server"), bad))
         await self._boot_http(admission)
         await self._operator_api(admission)
         self._closers.append(
@@ -179,6 +182,16 @@ class Server:
         for runner in reversed(self._runners):
             await runner.cleanup()
         await self.lifecycle.close()
+
+
+class _Detach:
+    """Closing takes a log filter off its logger again."""
+
+    def __init__(self, logger: logging.Logger, log_filter: logging.Filter) -> None:
+        self.logger, self.filter = logger, log_filter
+
+    def close(self) -> None:
+        self.logger.removeFilter(self.filter)
 
 
 def _private_directory(path: Path) -> None:

@@ -482,3 +482,28 @@ def test_status_shows_what_a_node_reports_as_plain_text(host: Host, tmp_path: Pa
     assert "[bold red]pwned[/]" in table.stdout  # shown as it is, not taken as markup
     shown = json.loads(api(host, "/api/v1/nodes/cn001")[1])["hostname"]
     assert shown == "[bold red]pwned[/] ?]0;title??[2J"
+
+
+GARBAGE = r"""
+import socket
+for junk in (b"\x16\x03\x01\x02\x00\x01" * 50, b"GET /\x00 HTTP/1.1\r\n\r\n",
+             b"GET / HTTP/1.1\r\nHost: x\r\n" + b"X-A: b\r\n" * 200 + b"\r\n",
+             b"POST /api/v1/agent/report HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n{") * 50:
+    s = socket.create_connection(("10.66.0.1", 8080))
+    s.sendall(junk)
+    s.settimeout(2)
+    try:
+        s.recv(100)
+    except OSError:
+        pass
+    s.close()
+"""
+
+
+def test_garbage_requests_do_not_flood_the_log(host: Host, tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    before = log.stat().st_size
+    host.ns.run(sys.executable, "-c", GARBAGE, timeout=120)
+    grown = log.read_text()[before:]
+    assert len(grown.splitlines()) < 20, grown[-3000:]
+    assert curl(host, f"{BASE}/boot/cn002.ipxe", source="10.66.0.12")[0] == 200

@@ -22,9 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
+from aiohttp import http_exceptions, web
+
+from layerpy.logs import Throttle
+from layerpy.text import printable
 
 log = logging.getLogger("layerpy.http")
+quiet = Throttle(log)
 
 IDLE_TIMEOUT = 15.0  # seconds a connection may sit without a complete request
 PER_CLIENT = 64  # connections one address may hold (iPXE and agents use one or two)
@@ -144,6 +148,25 @@ class AdmittedSite(web.BaseSite):
             reuse_address=True,
             backlog=BACKLOG,
         )
+
+
+class BadRequests(logging.Filter):
+    """aiohttp logs every unparsable request at ERROR with a traceback: anyone could fill
+    the disk with junk. Those become one line each, a few per client a minute, and a count."""
+
+    def __init__(self, on_bad: Callable[[], None]) -> None:
+        super().__init__()
+        self.on_bad = on_bad
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if not isinstance(error, http_exceptions.HttpProcessingError):
+            return True
+        self.on_bad()
+        client = str(record.args[0]) if isinstance(record.args, tuple) and record.args else "?"
+        reason = printable(getattr(error, "message", "") or type(error).__name__, 120)
+        quiet.log(client, logging.INFO, "bad HTTP request from %s: %s", client, reason)
+        return False
 
 
 async def runner(app: web.Application) -> web.AppRunner:
