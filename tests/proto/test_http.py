@@ -3,16 +3,19 @@ the boot network's listener, and the operator API over its Unix socket."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from layerpy.config import Config
 from layerpy.proto.agent import PROTOCOL, Answer, encode
 
 from netns import Netns
@@ -27,11 +30,13 @@ pytestmark = pytest.mark.netns
 class Host:
     ns: Netns
     socket: Path  # the operator API
+    serve: subprocess.Popen
 
 
-@pytest.fixture
-def host(make_config, tmp_path: Path):
-    """A namespace whose veth interface holds the server's , both nodes. and a stranger.s addresses."""
+@contextlib.contextmanager
+def serving(config: Config, tmp_path: Path, *options: str) -> Iterator[Host]:
+    """``layerpy serve`` in a namespace of its own whose veth holds the server's address,
+    both nodes', and a stranger's (10.66.0.99); with 1 024 descriptors, systemd's default."""
     ns = Netns("lph")
     try:
         ns.run("ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1")
@@ -39,18 +44,26 @@ def host(make_config, tmp_path: Path):
         for address in ("10.66.0.1/24", "10.66.0.11/24", "10.66.0.12/24", "10.66.0.99/24"):
             ns.run("ip", "addr", "add", address, "dev", "d0")
         ns.run("ip", "link", "set", "d0", "up")
-        config = make_config(server="10.66.0.1", interface="d0")
-        log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
-        limit = ["prlimit", "--nofile=1024:1024"]  # systemd's default soft limit, as hard
-        ns.popen([*limit, str(LAYERPY), "serve", "-c", str(config.path)], stdout=log, stderr=log)
-        host = Host(ns, tmp_path / "state" / "api.sock")
+        log = tmp_path / "serve.log"
+        with log.open("wb") as out:
+            limit = ["prlimit", "--nofile=1024:1024"]
+            command = [*limit, str(LAYERPY), "serve", "-c", str(config.path), *options]
+            host = Host(
+                ns, tmp_path / "state" / "api.sock", ns.popen(command, stdout=out, stderr=out)
+            )
         deadline = time.monotonic() + 20
         while api(host, "/api/v1/nodes")[0] != 200:
-            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
         yield host
     finally:
         ns.close()
+
+
+@pytest.fixture
+def host(make_config, tmp_path: Path) -> Iterator[Host]:
+    with serving(make_config(server="10.66.0.1", interface="d0"), tmp_path) as served:
+        yield served
 
 
 def curl(host: Host, *args: str, source: str = "10.66.0.99") -> tuple[int, str]:
@@ -409,22 +422,9 @@ def test_secrets_appear_nowhere_but_where_they_belong(
     (tmp_path / "bmc.pass").write_text(BMC_SECRET + "\n")
     monkeypatch.setenv("LAYERPY_TEST_REGISTRY_PASSWORD", REGISTRY_SECRET)
     config = make_config(server="10.66.0.1", interface="d0", more=SECRETS_FILE)
-    ns = Netns("lps")
-    try:
-        ns.run("ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1")
-        ns.run("ip", "link", "set", "d1", "up")
-        for address in ("10.66.0.1/24", "10.66.0.11/24", "10.66.0.99/24"):
-            ns.run("ip", "addr", "add", address, "dev", "d0")
-        ns.run("ip", "link", "set", "d0", "up")
-        log = tmp_path / "serve.log"
-        with log.open("wb") as out:  # the registry password in the environment, inherited
-            command = [str(LAYERPY), "serve", "-c", str(config.path), "--debug"]
-            serve = ns.popen(command, stdout=out, stderr=out)
-        host = Host(ns, tmp_path / "state" / "api.sock")
-        deadline = time.monotonic() + 20
-        while api(host, "/api/v1/nodes")[0] != 200:
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
+    log = tmp_path / "serve.log"  # the registry password in the environment, inherited
+    with serving(config, tmp_path, "--debug") as host:
+        ns = host.ns
         config_args = ["-c", str(config.path)]
         viewer = ns.run(str(LAYERPY), "token", "add", "viewer", *config_args).stdout.strip()
         admin = (tmp_path / "state" / "admin.token").read_text().strip()
@@ -452,11 +452,9 @@ def test_secrets_appear_nowhere_but_where_they_belong(
         ]  # fmt: skip
         answers.append(ns.run(str(LAYERPY), "status", *config_args).stdout)
         answers.append(ns.run(str(LAYERPY), "token", "list", *config_args).stdout)
-        cmdline = Path(f"/proc/{serve.pid}/cmdline").read_bytes().decode()
-        serve.terminate()
-        serve.wait(20)
-    finally:
-        ns.close()
+        cmdline = Path(f"/proc/{host.serve.pid}/cmdline").read_bytes().decode()
+        host.serve.terminate()
+        host.serve.wait(20)
     text = log.read_text()
     assert "BMC 10.66.0.99" in text and "registry 10.66.0.1:5443" in text  # both were tried
     everything = "\n".join([*answers, text, cmdline])
@@ -507,3 +505,30 @@ def test_garbage_requests_do_not_flood_the_log(host: Host, tmp_path: Path) -> No
     grown = log.read_text()[before:]
     assert len(grown.splitlines()) < 20, grown[-3000:]
     assert curl(host, f"{BASE}/boot/cn002.ipxe", source="10.66.0.12")[0] == 200
+
+
+def test_operators_over_https(make_config, tmp_path: Path) -> None:
+    """An operator listener on the boot network's address, over TLS (a self-signed cert
+    made by openssl): the token works there, plain HTTP does not, and the CLI follows."""
+    cert, key = tmp_path / "api.crt", tmp_path / "api.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=head",
+         "-addext", "subjectAltName=IP:10.66.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    tls = f'\n[api]\nlisten = ["10.66.0.1:8443"]\ntls_cert = "{cert}"\ntls_key = "{key}"\n'
+    config = make_config(server="10.66.0.1", interface="d0", more=tls)
+    with serving(config, tmp_path) as host:
+        admin = (tmp_path / "state" / "admin.token").read_text().strip()
+        https = ["curl", "-s", "--cacert", str(cert), "-o", "/dev/null", "-w", "%{http_code}"]
+        url = "https://10.66.0.1:8443/api/v1/nodes"
+        auth = ["-H", f"Authorization: Bearer {admin}"]
+        assert host.ns.run(*https, *auth, url).stdout == "200"
+        assert host.ns.run(*https, url).stdout == "401"
+        plain = host.ns.run("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
+                            "http://10.66.0.1:8443/api/v1/nodes", check=False)  # fmt: skip
+        assert plain.stdout != "200"
+        env = ["env", f"SSL_CERT_FILE={cert}", f"LAYERPY_TOKEN={admin}"]
+        table = host.ns.run(*env, str(LAYERPY), "status", "--server", "https://10.66.0.1:8443")
+        assert "cn001" in table.stdout and "cn002" in table.stdout
