@@ -22,6 +22,7 @@ from layerpy.auth import Operator, Scope, Tokens, bearer, socket_peer
 from layerpy.boot import BootPolicy
 from layerpy.catalog import Catalog
 from layerpy.config import ReloadRefused, values
+from layerpy.logs import Throttle
 from layerpy.model import Busy
 from layerpy.services.http import (
     CATALOG,
@@ -41,6 +42,7 @@ from layerpy.stats import Stats
 from layerpy.text import printable
 
 log = logging.getLogger("layerpy.api")
+quiet = Throttle(log)  # refusals a caller can cause: a few a minute each
 
 POWER_ACTIONS = ("on", "off", "cycle", "clear", "status")
 MISSING_SHOWN = 20  # a 404 names this many missing nodes, then counts the rest
@@ -96,8 +98,9 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
             headers={"WWW-Authenticate": 'Bearer realm="layerpy"'},
         )
     if not operator.may(request.method):
-        log.warning("%s from %s may only read: refused %s %s", operator.name,
-                    operator.address, request.method, printable(request.path))  # fmt: skip
+        what = f"{request.method} {printable(request.path)}"
+        quiet.log(operator.address, logging.WARNING, "%s from %s may only read: refused %s",
+                  operator.name, operator.address, what)  # fmt: skip
         raise web.HTTPForbidden(text=f"{operator.name} may only read (scope read)\n")
     request[OPERATOR] = operator
     return await handler(request)
@@ -111,7 +114,8 @@ def _operator(request: web.Request) -> Operator | None:
     record = request.app[TOKENS].check(secret) if secret else None
     if record is None:
         if secret:
-            log.warning("%s: refused an unknown operator token", request.remote)
+            remote = request.remote or "?"
+            quiet.log(remote, logging.WARNING, "%s: refused an unknown operator token", remote)
         return None
     return Operator(f"token {record.name}", record.scope, request.remote or "?")
 

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from layerpy.boot import BootPolicy
 from layerpy.catalog import Catalog
+from layerpy.logs import Throttle
 from layerpy.model import Phase
 from layerpy.nodes import DISCOVERY, NodeStore, ReportRejected
 from layerpy.proto.agent import (
@@ -31,6 +32,7 @@ from layerpy.stats import Stats
 from layerpy.text import printable
 
 log = logging.getLogger("layerpy.http")
+quiet = Throttle(log)  # lines a client can cause: a few a minute each
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 BODY_TIMEOUT = 10.0  # seconds to send a request body (the idle timeout covers headers)
@@ -65,7 +67,7 @@ def share(
     power: PowerControl,
     catalog: Catalog,
     log_requests: bool,
-) -> web.Application:
+) -> None:
     """What the handlers of both HTTP apps (boot network, operators) find on their app."""
     app[CATALOG] = catalog
     app[POWER] = power
@@ -73,7 +75,6 @@ def share(
     app[NODES] = policy.nodes
     app[STATS] = stats
     app[LOG_REQUESTS] = log_requests
-    return app
 
 
 def build_app(
@@ -169,7 +170,9 @@ async def agent_report(request: web.Request) -> web.Response:
     try:
         ack = request.app[NODES].report(payload)
     except ReportRejected as rejected:
-        log.warning("rejected an agent report from %s: %s", request.remote, rejected.reason)
+        remote = request.remote or "?"
+        quiet.log(remote, logging.WARNING, "rejected an agent report from %s: %s", remote,
+                  rejected.reason)  # fmt: skip
         return web.json_response({"error": rejected.reason}, status=rejected.status)
     nodes = request.app[NODES]
     image = None if ack.node == DISCOVERY else request.app[POWER].image_spec(ack.node)
@@ -202,7 +205,8 @@ def _check_entitled(request: web.Request, digest: str) -> None:
         raise web.HTTPForbidden(text="image files are for the nodes that run them\n")
     spec = power.image_spec(claimed.node)
     if spec is None or spec.digest != digest:
-        log.warning("%s: refused image %s, not assigned to it", claimed.node, printable(digest, 80))
+        quiet.log(claimed.node, logging.WARNING, "%s: refused image %s, not assigned to it",
+                  claimed.node, printable(digest, 80))  # fmt: skip
         raise web.HTTPForbidden(text=f"image {printable(digest, 80)} is not {claimed.node}'s\n")
 
 
