@@ -532,3 +532,19 @@ def test_operators_over_https(make_config, tmp_path: Path) -> None:
         env = ["env", f"SSL_CERT_FILE={cert}", f"LAYERPY_TOKEN={admin}"]
         table = host.ns.run(*env, str(LAYERPY), "status", "--server", "https://10.66.0.1:8443")
         assert "cn001" in table.stdout and "cn002" in table.stdout
+
+
+SLOW_HEADERS = r"""
+import socket, time
+s = socket.create_connection(("10.66.0.1", 8080))
+s.sendall(b"GET /minos/kernel HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+begun = time.monotonic()
+s.settimeout(60)
+print(s.recv(100) == b"", round(time.monotonic() - begun, 1))
+"""
+
+
+def test_a_request_that_never_ends_is_closed(host: Host) -> None:
+    closed, after = host.ns.run(sys.executable, "-c", SLOW_HEADERS, timeout=90).stdout.split()
+    print(f"\nincomplete headers: closed after {after} s")
+    assert closed == "True" and float(after) < 30
