@@ -4,12 +4,14 @@ the services drive them."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
 from layerpy.config import load
 from layerpy.model import Phase, PowerState, RunState
 from layerpy.nodes import GAP, Ack, NodeStore, ReportRejected
+from layerpy.nodes.files import StateFiles
 from layerpy.proto.agent import PROTOCOL
 
 from clock import Clock
@@ -394,3 +396,14 @@ def test_state_files_are_private(inventory: NodeStore) -> None:
     boot_to_ready(inventory)
     path = inventory.config.server.state_dir / "boots.json"
     assert path.stat().st_mode & 0o077 == 0  # it holds boot tokens
+
+
+def test_root_writes_state_files_as_the_servers_user(tmp_path) -> None:
+    """`layerpy token add` run by root for a server that runs as its own user: the tokens
+    file must stay readable by that server."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to hand a file to another user")
+    os.chown(tmp_path, 65534, 65534)
+    StateFiles(tmp_path).write("tokens.json", {"ops": {}})
+    written = (tmp_path / "tokens.json").stat()
+    assert (written.st_uid, written.st_gid, written.st_mode & 0o777) == (65534, 65534, 0o600)

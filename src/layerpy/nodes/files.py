@@ -40,8 +40,17 @@ class StateFiles:
             with open(fd, "w", encoding="utf-8") as f:
                 json.dump(records, f, indent=1)
             os.chmod(tmp, 0o600)  # an older file of another mode may have been reused
+            _owned_like_directory(tmp)
             os.replace(tmp, path)
         except OSError as error:
             log.error("cannot save %s: %s", path, error.strerror)
             return False
         return True
+
+
+def _owned_like_directory(path: Path) -> None:
+    """root running `layerpy token` for a server of its own user: the file stays the
+    server's, or the server could no longer read it."""
+    owner = path.parent.stat()
+    if os.geteuid() == 0 and (owner.st_uid, owner.st_gid) != (0, 0):
+        os.chown(path, owner.st_uid, owner.st_gid)
