@@ -270,17 +270,27 @@ def tokens(tmp_path: Path):
     service.close()
 
 
-def test_credentials_never_go_to_a_token_service_on_another_host(tmp_path: Path) -> None:
-    """A registry names its token service; a hostile one names its own. The credentials go
-    only to the registry's host (127.0.0.1), not to 127.0.0.2, unless the image lists it."""
-    elsewhere = TokenService(tmp_path, "lab", "s3cret", host="127.0.0.2")
-    issuer = {"realm": elsewhere.realm, "service": "lab-registry", "issuer": "lab-issuer"}
+def registry_behind(tokens: TokenService, tmp_path: Path) -> tuple[Registry, Path]:
+    """A registry that wants tokens from `tokens`, holding lab/a:1 (pushed as lab)."""
+    issuer = {"realm": tokens.realm, "service": "lab-registry", "issuer": "lab-issuer"}
     registry = Registry(
-        tmp_path / "registry", {"token": {**issuer, "rootcertbundle": str(elsewhere.bundle)}}
+        tmp_path / "registry", {"token": {**issuer, "rootcertbundle": str(tokens.bundle)}}
     )
     try:
         layout = build_image(tmp_path / "a", "a", "IMAGE-A-MARKER")
         push(layout, registry.address, "lab/a", "1", creds="lab:s3cret")
+    except BaseException:
+        registry.close()
+        raise
+    return registry, layout
+
+
+def test_credentials_never_go_to_a_token_service_on_another_host(tmp_path: Path) -> None:
+    """A registry names its token service; a hostile one names its own. The credentials go
+    only to the registry's host (127.0.0.1), not to 127.0.0.2, unless the image lists it."""
+    elsewhere = TokenService(tmp_path, "lab", "s3cret", host="127.0.0.2")
+    registry, layout = registry_behind(elsewhere, tmp_path)
+    try:
         store = ImageStore(tmp_path / "store")
         credentials = {"user": "lab", "password": "s3cret"}
         elsewhere.requests.clear()  # (the push's)
@@ -296,13 +306,8 @@ def test_credentials_never_go_to_a_token_service_on_another_host(tmp_path: Path)
 
 
 def test_token_auth(tmp_path: Path, tokens: TokenService) -> None:
-    issuer = {"realm": tokens.realm, "service": "lab-registry", "issuer": "lab-issuer"}
-    registry = Registry(
-        tmp_path / "registry", {"token": {**issuer, "rootcertbundle": str(tokens.bundle)}}
-    )
+    registry, layout = registry_behind(tokens, tmp_path)
     try:
-        layout = build_image(tmp_path / "a", "a", "IMAGE-A-MARKER")
-        push(layout, registry.address, "lab/a", "1", creds="lab:s3cret")
         store = ImageStore(tmp_path / "store")
         with pytest.raises(
             ImageError,
