@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address
 
 from layerpy.config import Config
+from layerpy.journal import Journal
 from layerpy.model import Node, Phase
 from layerpy.nodes import DISCOVERY, NodeStore
 from layerpy.proto.agent import Cmdline
@@ -27,6 +28,7 @@ log = logging.getLogger("layerpy.dhcp")
 # RFC 4578 / IANA processor architecture types (DHCP option 93).
 ARCH_BIOS = 0
 ARCH_UEFI_X64 = (7, 9)
+LEASES = "leases.jsonl"  # the discovery pool's journal, in the state directory
 DISCOVERY_LEASE = 300  # seconds: a discovery address is only held until the node is known
 PER_PORT = 4  # discovery addresses the machines behind one relay port may hold at once
 
@@ -62,6 +64,7 @@ class Verdict:
 class BootPolicy:
     def __init__(self, nodes: NodeStore) -> None:
         self.nodes = nodes
+        self._journal = Journal(nodes.config.server.state_dir / LEASES, key="address")
         self._leases: LeaseTable | None = None
         self._leases = self._pool_table()
         self._ports: dict[str, tuple[str, str]] = {}  # pool holders behind a relay: their port
@@ -87,6 +90,7 @@ class BootPolicy:
         lapsed = self._leases.expire() if self._leases is not None else []
         for lease in lapsed:
             self._ports.pop(lease.client, None)
+        self._persist()
         return lapsed
 
     def _pool_table(self) -> LeaseTable | None:
@@ -96,8 +100,27 @@ class BootPolicy:
         old = self._leases
         if old is not None and old.range == network.pool:
             return old
-        records = old.records() if old is not None else []
-        return LeaseTable.from_records(*network.pool, records, clock=self.nodes.clock)
+        records = old.records() if old is not None else self._journal.replay()
+        try:
+            table = LeaseTable.from_records(*network.pool, records, clock=self.nodes.clock)
+        except ValueError as error:
+            log.error("%s: %s; the discovery pool starts empty", self._journal.path, error)
+            table = LeaseTable(*network.pool, clock=self.nodes.clock)
+        if old is None and len(table):
+            log.info("restored %d discovery pool leases from %s", len(table), self._journal.path)
+        elif old is not None:  # a reload changed the pool: the journal holds what is left
+            self._journal.rewrite(table.records())
+        return table
+
+    def _persist(self) -> None:
+        """Journal what the pool table wrote (raises OSError: then nothing may be answered
+        as if it were kept); rewrite the journal when it is mostly dead lines."""
+        table = self._leases
+        if table is None:
+            return
+        self._journal.append(table.changes())
+        if self._journal.crowded(len(table)):
+            self._journal.rewrite(table.records())
 
     def verdict(self, request: DhcpPacket) -> Verdict:
         """What this request deserves; nothing is written here (see apply())."""
@@ -118,7 +141,8 @@ class BootPolicy:
         return Verdict(mac, firmware, vendor, node, location, boot_request, grant, why)
 
     def apply(self, verdict: Verdict, effects: Iterable[Effect]) -> None:
-        """Write what a request showed, then what the answer to it committed."""
+        """Write what a request showed, then what the answer to it commits, journalled
+        before the answer goes out (OSError if it cannot be: then send nothing)."""
         nodes = self.nodes
         if verdict.location is not None:
             nodes.locate(verdict.mac, verdict.location, "dhcp-option-82")
@@ -130,6 +154,7 @@ class BootPolicy:
                 nodes.saw_boot_request(verdict.node, verdict.firmware)
         for effect in effects:
             self._apply(verdict, effect)
+        self._persist()
 
     def _apply(self, verdict: Verdict, effect: Effect) -> None:
         """One effect of a decision: a boot phase, or a change to the discovery pool."""

@@ -28,29 +28,39 @@ pytestmark = pytest.mark.netns
 
 @pytest.fixture
 def served(link, make_config, tmp_path: Path):
-    """`layerpy serve` in the server namespace, knowing the client namespace's MAC."""
+    """`layerpy serve` in the server namespace, knowing the client namespace's MAC; returns
+    the process. ``again=True`` starts it anew on the same node file and state directory."""
+    config = None
 
-    def start(client_mac: str | None = None, lease_time: int = 3600, discover: bool = False):
-        config = make_config(
-            client_mac=client_mac or link.client_mac(),
-            interface=link.server_if,
-            server="10.77.0.1",
-        )
-        text = config.path.read_text().replace(
-            'pool = "10.77.0.200-10.77.0.250"',
-            f'pool = "10.77.0.200-10.77.0.250"\nlease_time = {lease_time}'
-            + ("\ndiscover = true" if discover else ""),
-        )
-        config.path.write_text(text)
-        log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
-        link.server.popen(
+    def start(
+        client_mac: str | None = None,
+        lease_time: int = 3600,
+        discover: bool = False,
+        again: bool = False,
+    ) -> subprocess.Popen:
+        nonlocal config
+        if not again:
+            config = make_config(
+                client_mac=client_mac or link.client_mac(),
+                interface=link.server_if,
+                server="10.77.0.1",
+            )
+            text = config.path.read_text().replace(
+                'pool = "10.77.0.200-10.77.0.250"',
+                f'pool = "10.77.0.200-10.77.0.250"\nlease_time = {lease_time}'
+                + ("\ndiscover = true" if discover else ""),
+            )
+            config.path.write_text(text)
+        assert config is not None
+        log = open(tmp_path / "serve.log", "ab")  # noqa: SIM115
+        server = link.server.popen(
             [str(LAYERPY), "serve", "-c", str(config.path), "--debug"], stdout=log, stderr=log
         )
         deadline = time.monotonic() + 20
         while True:
             with contextlib.suppress(ClientError):
                 api(tmp_path, "/api/v1/nodes")
-                return config
+                return server
             if time.monotonic() > deadline:
                 pytest.fail("server did not start:\n" + (tmp_path / "serve.log").read_text())
             time.sleep(0.2)
@@ -255,3 +265,44 @@ def test_an_inform_flood_does_not_silence_dhcp(link, served, tmp_path: Path) -> 
         flood.wait(30)
     stats = api(tmp_path, "/api/v1/stats")["dhcp"]
     assert stats["inform"]["requests"] >= 1000 and stats["silent"]["requests"] >= 1000
+
+
+# One DISCOVER from a made-up MAC; prints the address offered.
+DISCOVER_ONCE = r"""
+import os, socket, struct, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, sys.argv[1].encode())
+s.bind(("0.0.0.0", 68))
+xid = int.from_bytes(os.urandom(4))
+chaddr = bytes.fromhex(sys.argv[2].replace(":", ""))
+head = struct.pack("!BBBBIHH4s4s4s4s16s", 1, 1, 6, 0, xid, 0, 0x8000, bytes(4), bytes(4),
+                   bytes(4), bytes(4), chaddr + bytes(10))
+s.sendto(head + bytes(192) + b"\x63\x82\x53\x63\x35\x01\x01\xff", ("255.255.255.255", 67))
+s.settimeout(10)
+while True:
+    reply = s.recv(2048)
+    if reply[4:8] == xid.to_bytes(4):
+        print(socket.inet_ntoa(reply[16:20]))
+        break
+"""
+
+
+def test_a_pool_lease_survives_kill_9(link, served, tmp_path: Path) -> None:
+    """A discovery lease is journalled before its ACK: after kill -9 and a restart the
+    server gives its address to nobody else, and the client keeps it."""
+    server = served(client_mac="52:54:00:aa:bb:cc", discover=True)  # this client: a stranger
+    script, log = recorder(tmp_path)
+    udhcpc_once(link, script)
+    assert "bound 10.77.0.200" in log.read_text()
+    server.kill()  # SIGKILL: nothing is flushed or closed
+    server.wait(10)
+    served(again=True)
+    offered = link.client.run(sys.executable, "-c", DISCOVER_ONCE, link.client_if,
+                              "52:54:00:dd:00:01").stdout.strip()  # fmt: skip
+    assert offered == "10.77.0.201"  # .200 is still held, by the first client
+    log.write_text("")
+    udhcpc_once(link, script)
+    assert "bound 10.77.0.200" in log.read_text()
+    assert "restored 1 discovery pool leases" in (tmp_path / "serve.log").read_text()

@@ -8,7 +8,7 @@ from ipaddress import IPv4Address
 
 import pytest
 
-from layerpy.boot import DISCOVERY_LEASE, PER_PORT, BootPolicy, firmware_of
+from layerpy.boot import DISCOVERY_LEASE, LEASES, PER_PORT, BootPolicy, firmware_of
 from layerpy.config import load
 from layerpy.model import RunState
 from layerpy.nodes import NodeStore
@@ -351,3 +351,44 @@ def test_the_pool_follows_a_reload_and_keeps_its_leases(discovery, make_config) 
     policy.tick()
     assert policy.leases.range == (IPv4Address("10.99.0.200"), IPv4Address("10.99.0.210"))
     assert policy.discovery_address(STRANGER) == IPv4Address("10.99.0.200")
+
+
+def lease(service: DhcpService, mac: str) -> IPv4Address:
+    """DISCOVER, then REQUEST what was offered: the address bound."""
+    offered = answer(service, request(dhcp.DISCOVER, mac=mac)).yiaddr
+    ack = answer(service, request(dhcp.REQUEST, mac=mac, o50=offered.packed, o54=SERVER.packed))
+    assert ack.message_type == dhcp.ACK, ack
+    return offered
+
+
+def test_pool_leases_survive_a_restart(make_config, clock) -> None:
+    """Each lease is journalled before its ACK; a new server on the same state directory
+    gives nobody an address another client holds, and each client its own back."""
+    config = with_discovery(make_config)
+    first = make_service(config, clock)
+    held = {mac: lease(first, mac) for mac in ("52:54:00:cc:00:01", "52:54:00:cc:00:02")}
+    release = request(dhcp.RELEASE, mac="52:54:00:cc:00:02",
+                      ciaddr=held["52:54:00:cc:00:02"], o54=SERVER.packed)  # fmt: skip
+    answer(first, release)
+    again = make_service(config, clock)  # as after kill -9: nothing was closed
+    assert again.policy.discovery_address("52:54:00:cc:00:01") == held["52:54:00:cc:00:01"]
+    assert again.policy.discovery_address("52:54:00:cc:00:02") is None  # released
+    newcomer = lease(again, "52:54:00:cc:00:03")
+    assert newcomer != held["52:54:00:cc:00:01"]
+    assert lease(again, "52:54:00:cc:00:01") == held["52:54:00:cc:00:01"]
+
+
+def test_the_journal_is_rewritten_when_mostly_dead_and_skips_a_torn_line(
+    make_config, clock
+) -> None:
+    config = with_discovery(make_config)
+    service = make_service(config, clock)
+    journal = config.server.state_dir / LEASES
+    mac = "52:54:00:cc:00:09"
+    for _ in range(600):  # one client renewing: the journal grows, then is rewritten
+        lease(service, mac)
+    assert len(journal.read_text().splitlines()) <= 4 * 1 + 1024
+    with journal.open("a") as out:
+        out.write('{"address": "10.99.0.2')  # a power cut mid-line
+    restored = make_service(config, clock)
+    assert restored.policy.discovery_address(mac) == IPv4Address("10.99.0.200")

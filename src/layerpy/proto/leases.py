@@ -69,10 +69,15 @@ class LeaseTable:
         self._recycled: OrderedDict[IPv4Address, None] = OrderedDict()  # the FREE records
         self._cursor = int(first)  # below it, every address has a record
         self._deadlines: list[tuple[float, int]] = []  # (expires, address); stale entries too
+        self._changed: dict[IPv4Address, None] = {}  # written since the last changes()
 
     @property
     def range(self) -> tuple[IPv4Address, IPv4Address]:
         return self.first, self.last
+
+    def __len__(self) -> int:
+        """Addresses with a record (ever used)."""
+        return len(self._leases)
 
     def __contains__(self, address: object) -> bool:
         return isinstance(address, IPv4Address) and self.first <= address <= self.last
@@ -103,6 +108,12 @@ class LeaseTable:
     def records(self) -> list[dict[str, Any]]:
         """Every lease as a plain dict (address, client, state, expires), in address order."""
         return [self._leases[a].record() for a in sorted(self._leases)]
+
+    def changes(self) -> list[dict[str, Any]]:
+        """The records written since the last call (for a journal), and forget them."""
+        changed = [self._leases[a].record() for a in self._changed]
+        self._changed.clear()
+        return changed
 
     # -- explicit steps (writes) -------------------------------------------------------
 
@@ -179,6 +190,7 @@ class LeaseTable:
                 raise ValueError(f"bad lease record {record!r}: state {lease.state!r}")
             if lease.address in table:
                 table._restore(lease)
+        table._changed.clear()  # as restored: nothing new to write
         return table
 
     # -- internals ---------------------------------------------------------------------
@@ -202,6 +214,7 @@ class LeaseTable:
             if old.state in (OFFERED, BOUND):
                 self._free(old)
             old.client = ""
+            self._changed[old.address] = None
         lease = self._leases.get(address)
         if lease is not None and self._by_client.get(lease.client) == address:
             del self._by_client[lease.client]  # its last client loses the claim
@@ -212,6 +225,7 @@ class LeaseTable:
     def _restore(self, lease: Lease) -> None:
         """Put a lease in place and keep the indexes true (cursor, free set, client map)."""
         self._leases[lease.address] = lease
+        self._changed[lease.address] = None
         if lease.client:  # each client name is in one record at most
             self._by_client[lease.client] = lease.address
         if lease.state == FREE:
@@ -225,4 +239,5 @@ class LeaseTable:
     def _free(self, lease: Lease) -> Lease:
         lease.state = FREE
         self._recycled[lease.address] = None
+        self._changed[lease.address] = None
         return lease

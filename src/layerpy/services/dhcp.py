@@ -15,12 +15,14 @@ from collections import OrderedDict
 from ipaddress import IPv4Address
 
 from layerpy.boot import BootPolicy, Verdict
+from layerpy.logs import Throttle
 from layerpy.proto import dhcp
 from layerpy.proto.dhcp_server import Action, Decision, ServerIdentity, decide, screen
 from layerpy.proto.leases import BOUND
 from layerpy.stats import Stats
 
 log = logging.getLogger("layerpy.dhcp")
+quiet = Throttle(log)
 
 MESSAGE_NAMES = {
     dhcp.DISCOVER: "discover",
@@ -65,6 +67,11 @@ class DhcpService(asyncio.DatagramProtocol):
         kind = MESSAGE_NAMES[request.message_type or 0]
         try:
             verdict, decision = self.handle(request)
+        except OSError as error:  # the lease journal cannot be written: promise nothing
+            self.stats.observe("dhcp", kind, time.perf_counter() - started, ok=False)
+            quiet.log("journal", logging.ERROR, "not answering DHCP: leases cannot be kept: %s",
+                      error)  # fmt: skip
+            return
         except Exception:
             self.stats.observe("dhcp", kind, time.perf_counter() - started, ok=False)
             log.exception("%s: failed to answer a DHCP %s", request.mac, kind)
@@ -74,7 +81,8 @@ class DhcpService(asyncio.DatagramProtocol):
         self._log(request.mac, kind, addr[0], verdict, decision)
 
     def handle(self, request: dhcp.DhcpPacket) -> tuple[Verdict, Decision]:
-        """Ask, answer, send, then apply: nothing is written before the decision is made."""
+        """Ask, decide, apply, then send: nothing is written before the decision is made,
+        and a lease is journalled before the ACK that promises it goes out."""
         for lease in self.policy.tick():
             level = logging.INFO if lease.state == BOUND else logging.DEBUG
             whose = lease.client or "nobody's"
@@ -82,9 +90,9 @@ class DhcpService(asyncio.DatagramProtocol):
         verdict = self.policy.verdict(request)
         server = ServerIdentity(self.server_address, self.policy.config.network.subnet)
         decision = decide(request, server, verdict.grant)
+        self.policy.apply(verdict, decision.effects)  # kept before it is promised
         if decision.reply is not None and decision.destination is not None and self.transport:
             self._send(dhcp.encode(decision.reply), decision.destination)
-        self.policy.apply(verdict, decision.effects)
         return verdict, decision
 
     def _send(self, reply: bytes, destination: tuple[str, int]) -> None:
