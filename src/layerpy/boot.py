@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from ipaddress import IPv4Address
+from typing import Any
 
 from layerpy.config import Config
 from layerpy.journal import Journal
+from layerpy.logs import Throttle
 from layerpy.model import Node, Phase
 from layerpy.nodes import DISCOVERY, NodeStore
 from layerpy.proto.agent import Cmdline
@@ -24,27 +26,48 @@ from layerpy.proto.dhcp_server import Action, Effect, Grant
 from layerpy.proto.leases import BOUND, Lease, LeaseTable
 
 log = logging.getLogger("layerpy.dhcp")
+quiet = Throttle(log)  # what a client causes on every retry: a few lines a minute
 
-# RFC 4578 / IANA processor architecture types (DHCP option 93).
-ARCH_BIOS = 0
-ARCH_UEFI_X64 = (7, 9)
+
+@dataclass(frozen=True)
+class Firmware:
+    """A kind of boot firmware: which iPXE binary of ``[ipxe]`` it is sent, and how."""
+
+    name: str  # in logs and boot timelines
+    binary: str  # the [ipxe] key naming the binary
+    http: bool = False  # UEFI HTTP boot: the binary by http:// URL (no TFTP)
+
+
+# IANA "Processor Architecture Types" (DHCP option 93, RFC 4578 and later); anything else
+# is refused and logged, not guessed at.
+ARCHITECTURES = {
+    0: Firmware("bios", "bios"),
+    7: Firmware("uefi", "uefi"),
+    9: Firmware("uefi", "uefi"),
+    11: Firmware("uefi-arm64", "arm64"),
+    16: Firmware("uefi-http", "uefi", http=True),
+    19: Firmware("uefi-arm64-http", "arm64", http=True),
+}
+FIRMWARE = {firmware.name: firmware for firmware in ARCHITECTURES.values()}
 LEASES = "leases.jsonl"  # the discovery pool's journal, in the state directory
 DISCOVERY_LEASE = 300  # seconds: a discovery address is only held until the node is known
 PER_PORT = 4  # discovery addresses the machines behind one relay port may hold at once
 
 
 def firmware_of(request: DhcpPacket) -> str:
-    """A short name for what is asking: ``ipxe``, ``bios``, ``uefi`` or ``os`` (no PXE)."""
+    """What is asking: ``ipxe``, ``os`` (no PXE, no HTTP boot), a name of ``FIRMWARE``, or
+    ``arch-N`` for an architecture nobody knows."""
     if request.is_ipxe:
         return "ipxe"
-    if not request.is_pxe_client:
+    if not (request.is_pxe_client or request.is_http_client):
         return "os"
     arch = request.client_arch
-    if arch in (None, ARCH_BIOS):
+    if arch is None:  # old PXE ROMs send no option 93: they are BIOS
         return "bios"
-    if arch in ARCH_UEFI_X64:
-        return "uefi"
-    return f"arch-{arch}"
+    known = ARCHITECTURES.get(arch)
+    if known is None or known.http != request.is_http_client:
+        return f"arch-{arch}"
+    return known.name
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +82,7 @@ class Verdict:
     boot_request: bool  # a DISCOVER from boot firmware: a boot of a known node starts
     grant: Grant | None
     why: str  # whose grant this is, or why there is none (for logs)
+    unbootable: bool = False  # boot firmware we have no binary for (logged in apply())
 
 
 class BootPolicy:
@@ -132,11 +156,15 @@ class BootPolicy:
         location = self._relay_location(request)
         located = self.nodes.who_is(mac, location) if location is not None else None
         node = located or self.nodes.by_mac(mac)
+        loads = self._loads(firmware)
+        if loads is None:  # boot firmware we have no binary for: refused, not guessed at
+            why = f"firmware {firmware} (option 93): no iPXE binary for it in [ipxe]"
+            return Verdict(mac, firmware, vendor, node, location, False, None, why, True)
         if node is not None:
-            grant: Grant | None = Grant(self._offer_for(node, firmware))
+            grant: Grant | None = Grant(self._offer_for(node, firmware, loads))
             why = node.name
         else:
-            grant, why = self._discovery(request, firmware, location)
+            grant, why = self._discovery(request, firmware, location, loads)
         boot_request = node is not None and firmware != "os" and request.message_type == DISCOVER
         return Verdict(mac, firmware, vendor, node, location, boot_request, grant, why)
 
@@ -144,6 +172,9 @@ class BootPolicy:
         """Write what a request showed, then what the answer to it commits, journalled
         before the answer goes out (OSError if it cannot be: then send nothing)."""
         nodes = self.nodes
+        if verdict.unbootable:
+            who = verdict.node.name if verdict.node is not None else verdict.mac
+            quiet.log(verdict.mac, logging.WARNING, "%s: not answered: %s", who, verdict.why)
         if verdict.location is not None:
             nodes.locate(verdict.mac, verdict.location, "dhcp-option-82")
         if verdict.node is None:
@@ -225,7 +256,11 @@ class BootPolicy:
         return switch, port
 
     def _discovery(
-        self, request: DhcpPacket, firmware: str, port: tuple[str, str] | None
+        self,
+        request: DhcpPacket,
+        firmware: str,
+        port: tuple[str, str] | None,
+        loads: dict[str, Any],
     ) -> tuple[Grant | None, str]:
         """A machine no node claims (yet) boots the minOS from the pool, so its agent can
         tell where it is plugged in; without a pool it gets nothing. Behind a relay port,
@@ -257,9 +292,8 @@ class BootPolicy:
         if firmware == "ipxe":
             offer.bootfile = f"{self.base_url}/boot/discover/{mac}.ipxe"
             offer.ipxe_no_pxedhcp = True
-        elif firmware in ("bios", "uefi"):
-            offer.bootfile = self.config.ipxe.bios if firmware == "bios" else self.config.ipxe.uefi
-            offer.next_server = server.address
+        else:
+            offer = replace(offer, **loads)
         return Grant(offer, pooled=True), "discovery pool"
 
     def discovery_address(self, mac: str) -> IPv4Address | None:
@@ -272,14 +306,10 @@ class BootPolicy:
         token = self.nodes.discovery_token(mac)
         return None if token is None else self._script(DISCOVERY, token, mac)
 
-    def _offer_for(self, node: Node, firmware: str) -> Offer:
-        server, network, ipxe = self.config.server, self.config.network, self.config.ipxe
-        boot: dict[str, object] = {}
+    def _offer_for(self, node: Node, firmware: str, loads: dict[str, Any]) -> Offer:
+        server, network = self.config.server, self.config.network
         if firmware == "ipxe":
-            boot = {"bootfile": self.script_url(node), "ipxe_no_pxedhcp": True}
-        elif firmware in ("bios", "uefi"):
-            bootfile = ipxe.bios if firmware == "bios" else ipxe.uefi
-            boot = {"bootfile": bootfile, "next_server": server.address}
+            loads = {"bootfile": self.script_url(node), "ipxe_no_pxedhcp": True}
         return Offer(
             address=node.config.ip,
             server_id=server.address,
@@ -289,8 +319,22 @@ class BootPolicy:
             dns=network.dns,
             domain=network.domain,
             hostname=node.name,
-            **boot,  # type: ignore[arg-type]
+            **loads,
         )
+
+    def _loads(self, firmware: str) -> dict[str, Any] | None:
+        """What a client of this firmware is told to load (Offer fields): nothing more for
+        an OS or iPXE (the caller adds the script), the iPXE binary for boot firmware, or
+        None when the node file has no binary for it."""
+        if firmware in ("os", "ipxe"):
+            return {}
+        kind = FIRMWARE.get(firmware)
+        binary = getattr(self.config.ipxe, kind.binary) if kind is not None else None
+        if kind is None or binary is None:
+            return None
+        if kind.http:
+            return {"bootfile": f"{self.base_url}/ipxe/{binary}"}
+        return {"bootfile": binary, "next_server": self.config.server.address}
 
     def script_url(self, node: Node) -> str:
         return f"{self.base_url}/boot/{node.name}.ipxe"

@@ -548,3 +548,13 @@ def test_a_request_that_never_ends_is_closed(host: Host) -> None:
     closed, after = host.ns.run(sys.executable, "-c", SLOW_HEADERS, timeout=90).stdout.split()
     print(f"\nincomplete headers: closed after {after} s")
     assert closed == "True" and float(after) < 30
+
+
+def test_uefi_http_boot_fetches_only_the_named_binaries(host: Host, tmp_path: Path) -> None:
+    got = tmp_path / "got.efi"
+    code, _ = curl(host, "-o", str(got), f"{BASE}/ipxe/snponly.efi", source="10.66.0.11")
+    assert code == 200 and got.read_bytes() == (tmp_path / "ipxe" / "snponly.efi").read_bytes()
+    node = json.loads(api(host, "/api/v1/nodes/cn001")[1])
+    assert "tftp" in node["timeline"]  # the binary's fetch, whichever way it came
+    for name in ("nope.efi", "..%2fnodes.toml", "%2e%2e/bmc.pass"):
+        assert curl(host, "--path-as-is", f"{BASE}/ipxe/{name}")[0] == 404, name

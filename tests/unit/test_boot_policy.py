@@ -4,6 +4,7 @@ handle() (policy verdict, RFC core, apply), and that a verdict alone writes noth
 from __future__ import annotations
 
 import copy
+import logging
 from ipaddress import IPv4Address
 
 import pytest
@@ -43,6 +44,8 @@ IPXE = {
     "o77": b"iPXE",
     "o175": b"\xb1\x05\x01\x80\x86\x10\x0e",
 }
+HTTP_BOOT = {"o60": b"HTTPClient:Arch:00016:UNDI:003001", "o93": b"\x00\x10"}
+ARM64 = {"o60": b"PXEClient:Arch:00011:UNDI:003000", "o93": b"\x00\x0b"}
 ON_SWP3 = {"o82": b"\x01\x04swp3"}  # option 82, circuit id "swp3", as dhcrelay sends it
 
 
@@ -85,6 +88,7 @@ def discovery(make_config, clock) -> DhcpService:
         (UEFI, "uefi", b"snponly.efi", "10.99.0.1"),
         (IPXE, "ipxe", b"http://10.99.0.1:8080/boot/cn001.ipxe", "0.0.0.0"),
         ({"o60": b"udhcp 1.35.0"}, "os", None, "0.0.0.0"),
+        (HTTP_BOOT, "uefi-http", b"http://10.99.0.1:8080/ipxe/snponly.efi", "0.0.0.0"),
     ],
 )
 def test_offer_per_firmware(service, options, firmware, bootfile, next_server) -> None:
@@ -100,9 +104,41 @@ def test_offer_per_firmware(service, options, firmware, bootfile, next_server) -
     if firmware in ("bios", "uefi"):  # PXE: vendor class echoed, and "boot this file"
         assert offer.options[dhcp.OPT_VENDOR_CLASS] == b"PXEClient"
         assert offer.options[dhcp.OPT_VENDOR_SPECIFIC] == bytes((6, 1, 8, 255))
+    if firmware == "uefi-http":  # UEFI takes an HTTP boot offer only with option 60 echoed
+        assert offer.options[dhcp.OPT_VENDOR_CLASS] == b"HTTPClient"
     node = service.policy.nodes.nodes["cn001"]
     assert node.run_state is (RunState.UNKNOWN if firmware == "os" else RunState.BOOTING)
     assert node.mac == KNOWN
+
+
+@pytest.mark.parametrize(
+    ("options", "firmware"),
+    [
+        (ARM64, "uefi-arm64"),  # known, but the file names no arm64 binary
+        ({"o60": b"PXEClient:Arch:00042:UNDI:003000", "o93": b"\x00\x2a"}, "arch-42"),
+        ({"o60": b"HTTPClient:Arch:00000", "o93": b"\x00\x00"}, "arch-0"),  # no BIOS HTTP
+    ],
+)
+def test_firmware_without_a_binary_is_refused_and_logged(
+    service, options, firmware, caplog: pytest.LogCaptureFixture
+) -> None:
+    discover = request(dhcp.DISCOVER, **options)
+    assert firmware_of(discover) == firmware
+    with caplog.at_level(logging.WARNING, "layerpy.dhcp"):
+        assert answer(service, discover) is None
+    assert caplog.messages == [
+        f"cn001: not answered: firmware {firmware} (option 93): no iPXE binary for it in [ipxe]"
+    ]
+
+
+def test_arm64_gets_the_binary_the_file_names(make_config) -> None:
+    path = make_config().path
+    (path.parent / "ipxe" / "snp-arm64.efi").write_bytes(b"\x90")
+    path.write_text(
+        path.read_text().replace('dir = "ipxe"', 'dir = "ipxe"\narm64 = "snp-arm64.efi"')
+    )
+    offer = answer(make_service(load(path)), request(dhcp.DISCOVER, **ARM64))
+    assert offer.options[dhcp.OPT_BOOTFILE] == b"snp-arm64.efi"
 
 
 def test_request_for_the_right_address_is_acked_and_timed(service) -> None:

@@ -113,7 +113,7 @@ def minos(r: Reader, data: dict[str, Any]) -> MinosConfig | None:
 
 def ipxe(r: Reader, data: dict[str, Any], server: ServerConfig | None) -> IpxeConfig:
     """The iPXE binaries; TFTP serves only files inside their directory."""
-    table = r.table(data, "ipxe", {"dir", "bios", "uefi"})
+    table = r.table(data, "ipxe", {"dir", "bios", "uefi", "arm64"})
     get = r.getter(table, "ipxe")
     defaults = IpxeConfig()
     directory = get("dir", str, r.path, default=defaults.directory)
@@ -121,9 +121,11 @@ def ipxe(r: Reader, data: dict[str, Any], server: ServerConfig | None) -> IpxeCo
         directory,
         get("bios", str, values.plain_file_name, default=defaults.bios),
         get("uefi", str, values.plain_file_name, default=defaults.uefi),
+        get("arm64", str, values.plain_file_name),
     )
     if server and server.dhcp != "off":
-        for key, name in (("bios", config.bios), ("uefi", config.uefi)):
+        named = (("bios", config.bios), ("uefi", config.uefi), ("arm64", config.arm64))
+        for key, name in ((key, name) for key, name in named if name is not None):
             path = directory / name
             if not path.is_file():
                 r.problem(

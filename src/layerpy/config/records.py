@@ -109,6 +109,7 @@ class IpxeConfig:
     directory: Path = Path("/usr/lib/ipxe")
     bios: str = "undionly.kpxe"
     uefi: str = "snponly.efi"
+    arm64: str | None = None  # no arm64 binary unless the file names one
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,7 @@ class DhcpPacket:
 
     @property
     def client_arch(self) -> int | None:
-        """First architecture of option 93 (RFC 4578): 0 BIOS, 7/9 x86-64 UEFI, 16 HTTP."""
+        """First architecture of option 93 (RFC 4578): 0 BIOS, 7/9 x86-64 UEFI, 16 HTTP, …"""
         value = self.options.get(OPT_CLIENT_ARCH, b"")
         return int.from_bytes(value[:2]) if len(value) >= 2 else None
 
@@ -104,6 +104,11 @@ class DhcpPacket:
     @property
     def is_pxe_client(self) -> bool:
         return self.options.get(OPT_VENDOR_CLASS, b"").startswith(b"PXEClient")
+
+    @property
+    def is_http_client(self) -> bool:
+        """UEFI HTTP boot: it loads the boot file from an http:// URL, without TFTP."""
+        return self.options.get(OPT_VENDOR_CLASS, b"").startswith(b"HTTPClient")
 
     @property
     def requested_ip(self) -> IPv4Address | None:
@@ -266,6 +271,8 @@ def build_reply(request: DhcpPacket, offer: Offer) -> DhcpPacket:
             # UEFI firmware would first ask a boot server on port 4011 and give up.
             extra[OPT_VENDOR_CLASS] = b"PXEClient"
             extra[OPT_VENDOR_SPECIFIC] = PXE_BOOT_OFFERED_FILE
+        elif request.is_http_client:  # UEFI takes an HTTP boot offer only with this echoed
+            extra[OPT_VENDOR_CLASS] = b"HTTPClient"
     if offer.ipxe_no_pxedhcp:
         extra[OPT_IPXE] = bytes((IPXE_NO_PXEDHCP, 1, 1))
     wanted = request.options.get(OPT_PARAM_LIST, b"")

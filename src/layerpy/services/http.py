@@ -92,6 +92,7 @@ def build_app(
         [
             web.get("/boot/{name}.ipxe", boot_script),
             web.get("/boot/discover/{mac}.ipxe", discovery_script),
+            web.get("/ipxe/{file}", ipxe_file),
             web.get("/minos/kernel", minos_file),
             web.get("/minos/initrd", minos_file),
             web.post(REPORT_PATH, agent_report),
@@ -153,6 +154,20 @@ async def discovery_script(request: web.Request) -> web.Response:
     script = policy.discovery_script(mac)
     assert script is not None  # the machine is known, checked above
     return web.Response(text=script, content_type="text/plain")
+
+
+async def ipxe_file(request: web.Request) -> web.FileResponse:
+    """An iPXE binary of the node file, for UEFI HTTP boot (the rest of ipxe.dir is not
+    served: TFTP serves that directory, HTTP only the binaries named)."""
+    policy = request.app[POLICY]
+    ipxe = policy.config.ipxe
+    name = request.match_info["file"]
+    if name not in (ipxe.bios, ipxe.uefi, ipxe.arm64):
+        raise web.HTTPNotFound(text=f"no iPXE binary {printable(name, 64)} here\n")
+    node = policy.node_for_fetch(request.remote or "")
+    if node is not None:
+        policy.nodes.mark(node, Phase.TFTP)
+    return web.FileResponse(ipxe.directory / name)
 
 
 async def minos_file(request: web.Request) -> web.FileResponse:
