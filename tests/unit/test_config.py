@@ -227,6 +227,22 @@ def test_broken_file(write, case: str) -> None:
     assert rendered.splitlines() == expected
 
 
+def test_a_group_takes_a_range_of_macs(write) -> None:
+    text = VALID.replace(
+        'mac = ["52:54:00:99:00:11", "52:54:00:99:00:12", "52:54:00:99:00:13"]',
+        'mac = "52:54:00:99:00:fe-52:54:00:99:01:00"',
+    )
+    config = load(write(text))
+    assert [config.nodes[n].mac for n in ("cn001", "cn002", "cn003")] == [
+        "52:54:00:99:00:fe",
+        "52:54:00:99:00:ff",
+        "52:54:00:99:01:00",
+    ]
+    backwards = text.replace("00:fe-52:54:00:99:01:00", "01:00-52:54:00:99:00:fe")
+    with pytest.raises(ConfigError, match="runs backwards"):
+        load(write(backwards))
+
+
 def test_every_problem_is_reported_at_once(write) -> None:
     text = VALID.replace("http_port = 8080", 'http_port = "x"').replace(
         'mac = "52-54-00-99-00-05"', 'mac = "nope"'

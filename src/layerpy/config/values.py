@@ -57,11 +57,31 @@ def mac(value: str) -> str:
     return mac
 
 
+MAX_MAC_RANGE = 1_000_000
+
+
 def mac_list(value: list[Any] | str) -> list[str]:
-    items = [value] if isinstance(value, str) else value
-    if not all(isinstance(item, str) for item in items):
+    """A list of MACs, one MAC, or a range ``FIRST-LAST`` of consecutive MACs (a big
+    group's NICs often come in order: one line instead of a thousand)."""
+    if isinstance(value, str):
+        return (
+            mac_range(value) if value.count("-") == 1 and value.count(":") == 10 else [mac(value)]
+        )
+    if not all(isinstance(item, str) for item in value):
         raise ValueError("must be a list of MAC address strings")
-    return [mac(item) for item in items]
+    return [mac(item) for item in value]
+
+
+def mac_range(value: str) -> list[str]:
+    """``52:54:00:99:00:fe-52:54:00:99:01:01`` -> the four MACs from one to the other."""
+    first, last = (int(mac(part).replace(":", ""), 16) for part in value.split("-"))
+    if last < first:
+        raise ValueError(f"{value!r} runs backwards")
+    if last - first >= MAX_MAC_RANGE:
+        raise ValueError(f"{value!r} holds {last - first + 1} MACs, the limit is {MAX_MAC_RANGE}")
+    return [
+        ":".join(f"{n:012x}"[i : i + 2] for i in range(0, 12, 2)) for n in range(first, last + 1)
+    ]
 
 
 def locations(value: str) -> list[tuple[str, str]]:
