@@ -66,10 +66,13 @@ class LabSession:
                 str(self.run_dir / "state"),
             ]
             self.server = self.lab.popen(command, log=self.serve_log)
-            self.wait(lambda: self.api("/api/v1/nodes", quiet=True) is not None, 30, "server up")
+            self.wait(self._serving, 60, "layerpy serve up (DHCP after its look for others)")
         except BaseException:
             self.lab.close()
             raise
+
+    def _serving(self) -> bool:
+        return "layerpy.server: serving" in self.serve_log.read_text(errors="replace")
 
     def api(self, path: str, *, quiet: bool = False) -> Any:
         """GET a JSON document from the server, or None when it does not answer."""

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(
   python3-venv qemu-system-x86 qemu-utils ipxe ovmf busybox-static udhcpc
   isc-dhcp-client isc-dhcp-relay tftp-hpa atftp curl iproute2 cpio zstd kmod gzip ipmitool
-  umoci skopeo docker-registry squashfs-tools-ng mmdebstrap
+  umoci skopeo docker-registry squashfs-tools-ng mmdebstrap dnsmasq-base
 )
 
 # Nothing we install may start a daemon on this host (they run only inside test namespaces).

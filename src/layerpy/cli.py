@@ -98,6 +98,7 @@ def main() -> None:
 )
 def serve(config_path: Path, debug: bool, state_dir: Path | None) -> None:
     """Run DHCP, TFTP and HTTP for the nodes in the node file."""
+    from layerpy.server import StartRefused
     from layerpy.server import serve as run_server
 
     config = _load_or_exit(config_path)
@@ -108,7 +109,7 @@ def serve(config_path: Path, debug: bool, state_dir: Path | None) -> None:
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
     try:
         asyncio.run(run_server(config, state_dir=state_dir))
-    except OSError as error:
+    except (OSError, StartRefused) as error:
         click.echo(f"layerpy serve: {error}", err=True)
         sys.exit(1)
 

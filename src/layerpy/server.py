@@ -12,6 +12,7 @@ import contextlib
 import logging
 import signal
 from dataclasses import replace
+from ipaddress import IPv4Address
 from pathlib import Path
 
 from aiohttp import web
@@ -26,12 +27,18 @@ from layerpy.model import Phase
 from layerpy.nodes import NodeStore
 from layerpy.services import listeners
 from layerpy.services.api import build_api
-from layerpy.services.dhcp import start_dhcp
+from layerpy.services.dhcp import other_servers, start_dhcp
 from layerpy.services.http import build_app
 from layerpy.services.tftp import TftpEvent, start_tftp
 from layerpy.stats import Stats
 
 log = logging.getLogger("layerpy.server")
+
+NEIGHBOUR_CHECK = 600.0  # seconds between looks for another DHCP server while serving
+
+
+class StartRefused(Exception):
+    """The server will not start here; the message says why and what to do."""
 
 
 class Server:
@@ -45,6 +52,7 @@ class Server:
         self.policy = BootPolicy(self.nodes)
         self._closers: list[object] = []
         self._runners: list[web.AppRunner] = []
+        self._neighbours: set[IPv4Address] = set()  # other DHCP servers seen on the segment
 
     @property
     def config(self) -> Config:
@@ -100,6 +108,7 @@ class Server:
         )
         if server.dhcp == "authoritative":
             assert server.interface is not None
+            await self._look_for_other_servers(refuse=server.other_dhcp == "refuse")
             self._closers.append(
                 await start_dhcp(
                     self.policy,
@@ -149,6 +158,36 @@ class Server:
             names.append(site.name)
         log.info("operator API on %s", ", ".join(names))
 
+    async def _look_for_other_servers(self, *, refuse: bool) -> set[IPv4Address]:
+        """Another DHCP server answering on our segment would hand out addresses against
+        ours: at start that refuses the start (unless the file expects it), later it is
+        logged once per server found."""
+        server = self.config.server
+        assert server.interface is not None
+        try:
+            found = set(await other_servers(server.interface, server.address))
+        except OSError as error:
+            log.warning("cannot look for other DHCP servers on %s: %s", server.interface,
+                        error.strerror or error)  # fmt: skip
+            return set()
+        new, self._neighbours = found - self._neighbours, self._neighbours | found
+        if not new:
+            return found
+        names = ", ".join(str(address) for address in sorted(new))
+        message = f"another DHCP server answers on {server.interface}: {names}"
+        if refuse:
+            raise StartRefused(
+                f"{message}; two servers would hand out conflicting addresses. Stop it, or "
+                'set [server] other_dhcp = "expected" in the node file if it is meant to be'
+            )
+        log.warning("%s", message)
+        return found
+
+    async def _watch_for_other_servers(self) -> None:
+        while True:
+            await asyncio.sleep(NEIGHBOUR_CHECK)
+            await self._look_for_other_servers(refuse=False)
+
     def _tftp_event(self, event: TftpEvent) -> None:
         """Each request is counted once, when it ends: "read" (a transfer, with its service
         time and acknowledged bytes; failed ones are failures), "denied" (refused before
@@ -167,6 +206,8 @@ class Server:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self.lifecycle.run())
             tasks.create_task(self._check_lost())
+            if self.config.server.dhcp == "authoritative":
+                tasks.create_task(self._watch_for_other_servers())
 
     async def _check_lost(self) -> None:
         interval = max(0.5, self.config.server.heartbeat / 2)
@@ -227,7 +268,11 @@ async def serve(config: Config, *, state_dir: Path | None = None) -> None:
         task.add_done_callback(reloads.discard)
 
     loop.add_signal_handler(signal.SIGHUP, on_hangup)
-    await server.start()
+    try:
+        await server.start()
+    except BaseException:
+        await server.close()  # what did start (listeners, sockets) goes again
+        raise
     log.info("serving %d nodes from %s", len(config.nodes), config.path)
     watcher = asyncio.create_task(server.watch())
     try:

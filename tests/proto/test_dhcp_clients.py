@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from layerpy.client import Client, ClientError
+from layerpy.client import Client
 
 LAYERPY = Path(sys.executable).parent / "layerpy"
 RECORDER = """#!/bin/sh
@@ -52,18 +51,18 @@ def served(link, make_config, tmp_path: Path):
             )
             config.path.write_text(text)
         assert config is not None
-        log = open(tmp_path / "serve.log", "ab")  # noqa: SIM115
+        path = tmp_path / "serve.log"
+        begun = path.stat().st_size if path.exists() else 0  # a second start appends
+        log = path.open("ab")
         server = link.server.popen(
             [str(LAYERPY), "serve", "-c", str(config.path), "--debug"], stdout=log, stderr=log
         )
-        deadline = time.monotonic() + 20
-        while True:
-            with contextlib.suppress(ClientError):
-                api(tmp_path, "/api/v1/nodes")
-                return server
-            if time.monotonic() > deadline:
-                pytest.fail("server did not start:\n" + (tmp_path / "serve.log").read_text())
-            time.sleep(0.2)
+        deadline = time.monotonic() + 30
+        while "layerpy.server: serving" not in path.read_bytes()[begun:].decode(errors="replace"):
+            assert server.poll() is None, f"serve exited:\n{path.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"serve not up in 30 s:\n{path.read_text()[-3000:]}"
+            time.sleep(0.1)  # (DHCP starts last: after its look for other servers)
+        return server
 
     return start
 
@@ -306,3 +305,47 @@ def test_a_pool_lease_survives_kill_9(link, served, tmp_path: Path) -> None:
     udhcpc_once(link, script)
     assert "bound 10.77.0.200" in log.read_text()
     assert "restored 1 discovery pool leases" in (tmp_path / "serve.log").read_text()
+
+
+@pytest.fixture
+def site_dhcp(link, tmp_path: Path):
+    """dnsmasq as the site's DHCP server, in the client namespace at 10.77.0.2."""
+    link.client.run("ip", "addr", "add", "10.77.0.2/24", "dev", link.client_if)
+    command = ["dnsmasq", "--no-daemon", "--conf-file=/dev/null", "--port=0", "--no-ping",
+               f"--interface={link.client_if}", "--bind-interfaces", "--log-dhcp",
+               "--dhcp-range=10.77.0.100,10.77.0.150,255.255.255.0,1h",
+               f"--dhcp-leasefile={tmp_path / 'dnsmasq.leases'}", "--pid-file="]  # fmt: skip
+    with (tmp_path / "dnsmasq.log").open("wb") as out:
+        process = link.client.popen(command, stdout=out, stderr=out)
+    try:
+        wait_for(tmp_path / "dnsmasq.log", "DHCP, IP range")
+        yield process
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def test_an_authoritative_server_refuses_to_start_beside_another(
+    link, make_config, site_dhcp, tmp_path: Path
+) -> None:
+    config = make_config(client_mac=link.client_mac(), interface=link.server_if,
+                         server="10.77.0.1")  # fmt: skip
+    command = [str(LAYERPY), "serve", "-c", str(config.path)]
+    refused = link.server.run(*command, check=False, timeout=60)
+    assert refused.returncode == 1
+    assert (
+        f"layerpy serve: another DHCP server answers on {link.server_if}: 10.77.0.2; two "
+        "servers would hand out conflicting addresses. Stop it, or set [server] other_dhcp = "
+        '"expected" in the node file if it is meant to be'
+    ) in refused.stderr
+    text = config.path.read_text().replace("[server]\n", '[server]\nother_dhcp = "expected"\n')
+    config.path.write_text(text)
+    log = tmp_path / "expected.log"
+    with log.open("wb") as out:
+        server = link.server.popen(command, stdout=out, stderr=out)
+    try:
+        wait_for(log, "listening on")
+        assert f"another DHCP server answers on {link.server_if}: 10.77.0.2" in log.read_text()
+    finally:
+        server.terminate()
+        server.wait(20)

@@ -12,6 +12,7 @@ from layerpy.config.reading import Reader
 from layerpy.config.records import (
     DHCP_MODES,
     IDENTITY_MODES,
+    OTHER_DHCP,
     ApiConfig,
     IpxeConfig,
     MinosConfig,
@@ -35,6 +36,7 @@ def server(r: Reader, data: dict[str, Any], network: NetworkConfig | None) -> Se
         "power_poll",
         "log_requests",
         "identity",
+        "other_dhcp",
     }
     table = r.table(data, "server", keys)
     get = r.getter(table, "server")
@@ -59,6 +61,7 @@ def server(r: Reader, data: dict[str, Any], network: NetworkConfig | None) -> Se
         power_poll=float(get("power_poll", (int, float), values.positive, default=10.0)),
         log_requests=get("log_requests", bool, default=False),
         identity=get("identity", str, values.choice(IDENTITY_MODES), default="location"),
+        other_dhcp=get("other_dhcp", str, values.choice(OTHER_DHCP), default="refuse"),
     )
 
 

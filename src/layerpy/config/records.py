@@ -11,6 +11,7 @@ from layerpy.power.base import PowerSpec
 from layerpy.proto.agent import HEARTBEAT
 
 DHCP_MODES = ("authoritative", "off")
+OTHER_DHCP = ("refuse", "expected")  # another DHCP server on the segment: refuse to start?
 # What may name a machine as a node (docs/security.md has the threat model of each):
 # mac: the MAC alone; location: also DHCP option 82 from a configured relay, and an
 # agent's LLDP claim once that or an operator confirms it; location-trusted: also an
@@ -64,6 +65,7 @@ class ServerConfig:
     power_poll: float = 10.0
     log_requests: bool = False
     identity: str = "location"
+    other_dhcp: str = "refuse"
 
     @property
     def url(self) -> str:

@@ -15,11 +15,13 @@ from ipaddress import IPv4Address, IPv4Network
 
 from layerpy.proto.dhcp import (
     ACK,
+    BROADCAST_FLAG,
     DECLINE,
     DISCOVER,
     INFORM,
     NAK,
     OFFER,
+    OPT_MESSAGE_TYPE,
     RELEASE,
     REQUEST,
     DhcpPacket,
@@ -30,6 +32,7 @@ from layerpy.proto.dhcp import (
 )
 
 BOOTREQUEST = 1
+_ANY = IPv4Address(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,3 +220,25 @@ def _nak(request: DhcpPacket, server: ServerIdentity, reason: str) -> Decision:
 
 def _silent(reason: str, effects: tuple[Effect, ...] = ()) -> Decision:
     return Decision(None, None, reason, effects)
+
+
+# -- looking for another server on the segment ----------------------------------------------
+
+
+def probe(xid: int, chaddr: bytes) -> DhcpPacket:
+    """A DISCOVER as a new client would send it (broadcast flag set, so any server's
+    OFFER comes back as a broadcast): whoever answers it is a DHCP server on this segment."""
+    return DhcpPacket(
+        op=1, htype=1, hlen=6, hops=0, xid=xid, secs=0, flags=BROADCAST_FLAG,
+        ciaddr=_ANY, yiaddr=_ANY, siaddr=_ANY, giaddr=_ANY,
+        chaddr=chaddr.ljust(16, b"\0"), sname=bytes(64), file=bytes(128),
+        options={OPT_MESSAGE_TYPE: bytes((DISCOVER,))},
+    )  # fmt: skip
+
+
+def offering_server(reply: DhcpPacket, xid: int, own: IPv4Address) -> IPv4Address | None:
+    """The server that sent this OFFER to our probe, unless it is ourselves."""
+    if reply.op != 2 or reply.xid != xid or reply.message_type != OFFER:
+        return None
+    server_id = reply.server_id
+    return None if server_id is None or server_id == own else server_id

@@ -8,7 +8,9 @@ count. Every decision lives in ``proto/``; what a machine gets lives in ``boot.p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import socket
 import time
 from collections import OrderedDict
@@ -17,7 +19,15 @@ from ipaddress import IPv4Address
 from layerpy.boot import BootPolicy, Verdict
 from layerpy.logs import Throttle
 from layerpy.proto import dhcp
-from layerpy.proto.dhcp_server import Action, Decision, ServerIdentity, decide, screen
+from layerpy.proto.dhcp_server import (
+    Action,
+    Decision,
+    ServerIdentity,
+    decide,
+    offering_server,
+    probe,
+    screen,
+)
 from layerpy.proto.leases import BOUND
 from layerpy.stats import Stats
 
@@ -160,3 +170,42 @@ async def start_dhcp(
     )
     log.info("listening on %s:%d (authoritative)", interface, port)
     return transport
+
+
+PROBE_SECONDS = 3.0  # how long to listen for offers: some servers first ping the address
+
+
+async def other_servers(
+    interface: str, own: IPv4Address, seconds: float = PROBE_SECONDS
+) -> list[IPv4Address]:
+    """The DHCP servers that answer a new client's DISCOVER on `interface` (ourselves left
+    out). Raises OSError when it cannot listen (port 68 taken by a DHCP client here)."""
+    xid = int.from_bytes(os.urandom(4))
+    request = dhcp.encode(probe(xid, bytes([0x02]) + os.urandom(5)))  # a local MAC
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    found: set[IPv4Address] = set()
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, interface.encode())
+        sock.bind(("0.0.0.0", 68))
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        sends = [loop.time(), loop.time() + seconds / 3]  # twice: one lost datagram is no verdict
+        while (now := loop.time()) < deadline:
+            if sends and now >= sends[0]:
+                sends.pop(0)
+                await loop.sock_sendto(sock, request, ("255.255.255.255", 67))
+            try:
+                async with asyncio.timeout(min([deadline, *sends[:1]]) - now):
+                    data = await loop.sock_recv(sock, 2048)
+            except TimeoutError:
+                continue
+            with contextlib.suppress(dhcp.DhcpError):
+                server = offering_server(dhcp.decode(data), xid, own)
+                if server is not None:
+                    found.add(server)
+    finally:
+        sock.close()
+    return sorted(found)
