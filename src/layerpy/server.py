@@ -106,9 +106,11 @@ class Server:
                 on_event=self._tftp_event,
             )
         )
+        self.catalog.sync(self.config)  # images pull in the background
         if server.dhcp == "authoritative":
             assert server.interface is not None
-            await self._look_for_other_servers(refuse=server.other_dhcp == "refuse")
+            if server.dhcp_probe:
+                await self._look_for_other_servers(refuse=server.other_dhcp == "refuse")
             self._closers.append(
                 await start_dhcp(
                     self.policy,
@@ -118,7 +120,6 @@ class Server:
                     log_requests=server.log_requests,
                 )
             )
-        self.catalog.sync(self.config)  # images pull in the background
 
     async def _serve_app(self, app: web.Application) -> web.AppRunner:
         runner = await listeners.runner(app)
@@ -165,7 +166,7 @@ class Server:
         server = self.config.server
         assert server.interface is not None
         try:
-            found = set(await other_servers(server.interface, server.address))
+            found = set(await other_servers(server.interface, server.address, server.dhcp_probe))
         except OSError as error:
             log.warning("cannot look for other DHCP servers on %s: %s", server.interface,
                         error.strerror or error)  # fmt: skip
@@ -206,7 +207,7 @@ class Server:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self.lifecycle.run())
             tasks.create_task(self._check_lost())
-            if self.config.server.dhcp == "authoritative":
+            if self.config.server.dhcp == "authoritative" and self.config.server.dhcp_probe:
                 tasks.create_task(self._watch_for_other_servers())
 
     async def _check_lost(self) -> None:

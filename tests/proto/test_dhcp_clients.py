@@ -48,7 +48,8 @@ def served(link, make_config, tmp_path: Path):
                 'pool = "10.77.0.200-10.77.0.250"',
                 f'pool = "10.77.0.200-10.77.0.250"\nlease_time = {lease_time}'
                 + ("\ndiscover = true" if discover else ""),
-            )
+            )  # (and a short look for other DHCP servers: none on this pair of namespaces)
+            text = text.replace("[server]\n", "[server]\ndhcp_probe = 0.5\n")
             config.path.write_text(text)
         assert config is not None
         path = tmp_path / "serve.log"
@@ -311,7 +312,7 @@ def test_a_pool_lease_survives_kill_9(link, served, tmp_path: Path) -> None:
 def site_dhcp(link, tmp_path: Path):
     """dnsmasq as the site's DHCP server, in the client namespace at 10.77.0.2."""
     link.client.run("ip", "addr", "add", "10.77.0.2/24", "dev", link.client_if)
-    command = ["dnsmasq", "--no-daemon", "--conf-file=/dev/null", "--port=0", "--no-ping",
+    command = ["dnsmasq", "--no-daemon", "--conf-file=/dev/null", "--port=0",
                f"--interface={link.client_if}", "--bind-interfaces", "--log-dhcp",
                "--dhcp-range=10.77.0.100,10.77.0.150,255.255.255.0,1h",
                f"--dhcp-leasefile={tmp_path / 'dnsmasq.leases'}", "--pid-file="]  # fmt: skip

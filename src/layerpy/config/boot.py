@@ -37,6 +37,7 @@ def server(r: Reader, data: dict[str, Any], network: NetworkConfig | None) -> Se
         "log_requests",
         "identity",
         "other_dhcp",
+        "dhcp_probe",
     }
     table = r.table(data, "server", keys)
     get = r.getter(table, "server")
@@ -62,6 +63,7 @@ def server(r: Reader, data: dict[str, Any], network: NetworkConfig | None) -> Se
         log_requests=get("log_requests", bool, default=False),
         identity=get("identity", str, values.choice(IDENTITY_MODES), default="location"),
         other_dhcp=get("other_dhcp", str, values.choice(OTHER_DHCP), default="refuse"),
+        dhcp_probe=float(get("dhcp_probe", (int, float), values.not_negative, default=4.0)),
     )
 
 

@@ -66,6 +66,7 @@ class ServerConfig:
     log_requests: bool = False
     identity: str = "location"
     other_dhcp: str = "refuse"
+    dhcp_probe: float = 4.0  # seconds to listen for other DHCP servers (0: never look)
 
     @property
     def url(self) -> str:

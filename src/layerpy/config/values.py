@@ -137,6 +137,12 @@ def positive(value: float) -> float:
     return value
 
 
+def not_negative(value: float) -> float:
+    if value < 0:
+        raise ValueError(f"{value} must not be negative")
+    return value
+
+
 def plain_file_name(value: str) -> str:
     if "/" in value or value in ("", ".", ".."):
         raise ValueError(f"{value!r} must be a file name inside ipxe.dir")

@@ -172,12 +172,7 @@ async def start_dhcp(
     return transport
 
 
-PROBE_SECONDS = 3.0  # how long to listen for offers: some servers first ping the address
-
-
-async def other_servers(
-    interface: str, own: IPv4Address, seconds: float = PROBE_SECONDS
-) -> list[IPv4Address]:
+async def other_servers(interface: str, own: IPv4Address, seconds: float) -> list[IPv4Address]:
     """The DHCP servers that answer a new client's DISCOVER on `interface` (ourselves left
     out). Raises OSError when it cannot listen (port 68 taken by a DHCP client here)."""
     xid = int.from_bytes(os.urandom(4))
