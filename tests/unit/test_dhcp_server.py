@@ -17,6 +17,8 @@ from layerpy.proto.dhcp_server import (
     Grant,
     ServerIdentity,
     decide,
+    offering_server,
+    probe,
     screen,
 )
 
@@ -348,3 +350,18 @@ def test_what_no_client_sends_a_server_is_screened(request_, reason) -> None:
     assert screen(request_) == reason
     assert decided(request_, FIXED).reason == reason
     assert screen(client(dhcp.DISCOVER)) is None
+
+
+# --- looking for another server -----------------------------------------------------------
+
+
+def test_a_probe_is_a_new_clients_discover_and_only_others_offers_count() -> None:
+    request = dhcp.decode(dhcp.encode(probe(0x1234, bytes.fromhex("02aabbccddee"))))
+    assert request.message_type == dhcp.DISCOVER and request.flags & dhcp.BROADCAST_FLAG
+    assert request.mac == "02:aa:bb:cc:dd:ee" and screen(request) is None
+    offer = FIXED.offer
+    theirs = dhcp.build_reply(request, replace(offer, server_id=OTHER_SERVER))
+    assert offering_server(theirs, 0x1234, SERVER.address) == OTHER_SERVER
+    ours = dhcp.build_reply(request, offer)
+    assert offering_server(ours, 0x1234, SERVER.address) is None  # ourselves
+    assert offering_server(theirs, 0x9999, SERVER.address) is None  # not our probe
