@@ -269,15 +269,24 @@ async def serve(config: Config, *, state_dir: Path | None = None) -> None:
         task.add_done_callback(reloads.discard)
 
     loop.add_signal_handler(signal.SIGHUP, on_hangup)
-    try:
-        await server.start()
+    starting = asyncio.create_task(server.start())
+    stopped = asyncio.create_task(stop.wait())
+    try:  # a stop during the start (its look for other DHCP servers takes seconds) is obeyed
+        await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
+            log.info("stopped while starting")
+        await starting
     except BaseException:
+        stopped.cancel()
         await server.close()  # what did start (listeners, sockets) goes again
+        if starting.cancelled():
+            return
         raise
     log.info("serving %d nodes from %s", len(config.nodes), config.path)
     watcher = asyncio.create_task(server.watch())
     try:
-        await stop.wait()
+        await stopped
     finally:
         log.info("stopping")
         watcher.cancel()
