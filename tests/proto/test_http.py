@@ -558,3 +558,16 @@ def test_uefi_http_boot_fetches_only_the_named_binaries(host: Host, tmp_path: Pa
     assert "tftp" in node["timeline"]  # the binary's fetch, whichever way it came
     for name in ("nope.efi", "..%2fnodes.toml", "%2e%2e/bmc.pass"):
         assert curl(host, "--path-as-is", f"{BASE}/ipxe/{name}")[0] == 404, name
+
+
+def test_a_stop_while_starting_is_obeyed(make_config, tmp_path: Path) -> None:
+    """SIGTERM while the server still looks for other DHCP servers (here for 60 s): it
+    stops at once, not after the look."""
+    config = make_config(server="10.66.0.1", interface="d0")
+    config.path.write_text(
+        config.path.read_text().replace("[server]\n", "[server]\ndhcp_probe = 60\n")
+    )
+    with serving(config, tmp_path) as host:  # the API is up; DHCP waits for the look
+        host.serve.terminate()
+        host.serve.wait(20)
+    assert "stopped while starting" in (tmp_path / "serve.log").read_text()
