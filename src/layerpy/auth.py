@@ -136,17 +136,16 @@ class Tokens:
         if seen != self._seen:
             self._by_digest = {record.digest: record for record in self.records()}
             self._seen = seen
-        wanted = _digest(secret)
-        for digest, record in self._by_digest.items():  # compare_digest: no timing hints
-            if secrets.compare_digest(digest, wanted):
-                return record
-        return None
+        # a look-up by digest reveals nothing of the secret (only of a hash of it)
+        return self._by_digest.get(_digest(secret))
 
 
 def bearer(header: str | None) -> str | None:
     """The secret of an ``Authorization: Bearer …`` header, if it is one."""
     scheme, _, secret = (header or "").partition(" ")
-    return secret.strip() or None if scheme.lower() == "bearer" else None
+    if scheme.lower() != "bearer":
+        return None
+    return secret.strip() or None
 
 
 def socket_peer(sock: socket.socket) -> str:

@@ -85,13 +85,40 @@ class Verdict:
     unbootable: bool = False  # boot firmware we have no binary for (logged in apply())
 
 
+class PortShares:
+    """Which discovery pool holders sit behind which relay port, counted per port at once
+    (a scan of every holder per DISCOVER would cost what the pool is large)."""
+
+    def __init__(self) -> None:
+        self._port_of: dict[str, tuple[str, str]] = {}
+        self._holders: dict[tuple[str, str], set[str]] = {}
+
+    def hold(self, mac: str, port: tuple[str, str]) -> None:
+        self.drop(mac)
+        self._port_of[mac] = port
+        self._holders.setdefault(port, set()).add(mac)
+
+    def drop(self, mac: str) -> None:
+        port = self._port_of.pop(mac, None)
+        if port is not None:
+            holders = self._holders[port]
+            holders.discard(mac)
+            if not holders:
+                del self._holders[port]
+
+    def others(self, port: tuple[str, str], mac: str) -> int:
+        """Holders behind `port` other than `mac`."""
+        holders = self._holders.get(port, set())
+        return len(holders) - (mac in holders)
+
+
 class BootPolicy:
     def __init__(self, nodes: NodeStore) -> None:
         self.nodes = nodes
         self._journal = Journal(nodes.config.server.state_dir / LEASES, key="address")
         self._leases: LeaseTable | None = None
         self._leases = self._pool_table()
-        self._ports: dict[str, tuple[str, str]] = {}  # pool holders behind a relay: their port
+        self._ports = PortShares()  # pool holders behind relay ports
 
     @property
     def config(self) -> Config:
@@ -113,7 +140,7 @@ class BootPolicy:
         self._leases = self._pool_table()
         lapsed = self._leases.expire() if self._leases is not None else []
         for lease in lapsed:
-            self._ports.pop(lease.client, None)
+            self._ports.drop(lease.client)
         self._persist()
         return lapsed
 
@@ -150,7 +177,7 @@ class BootPolicy:
         """What this request deserves; nothing is written here (see apply())."""
         mac, firmware = request.mac, firmware_of(request)
         vendor = request.options.get(OPT_VENDOR_CLASS, b"").decode("ascii", "replace") or None
-        if not request.giaddr.is_unspecified and request.giaddr not in self._relays():
+        if not request.giaddr.is_unspecified and request.giaddr not in self.config.relays:
             why = f"relayed by {request.giaddr}, not a relay the node file names"
             return Verdict(mac, firmware, vendor, None, None, False, None, why)
         location = self._relay_location(request)
@@ -198,9 +225,9 @@ class BootPolicy:
             return  # a fixed address is never held, freed or quarantined
         client, address = effect.client, effect.address
         if effect.action in (Action.HOLD, Action.COMMIT) and verdict.location is not None:
-            self._ports[client] = verdict.location
+            self._ports.hold(client, verdict.location)
         elif effect.action in (Action.WITHDRAW, Action.RELEASE, Action.DECLINE):
-            self._ports.pop(client, None)
+            self._ports.drop(client)
         if effect.action is Action.WITHDRAW:
             table.withdraw(client)
         elif effect.action is Action.RELEASE:
@@ -224,12 +251,6 @@ class BootPolicy:
             )
         return lease
 
-    def _relays(self) -> set[IPv4Address]:
-        """The relay agents the node file names (``switches.*.relay``): the only senders
-        whose option 82 is believed, and whose clients are answered (a reply goes to the
-        giaddr, so a made-up one would aim it at any address)."""
-        return {s.relay for s in self.config.switches.values() if s.relay is not None}
-
     def _relay_location(self, request: DhcpPacket) -> tuple[str, str] | None:
         """The switch port a relay agent names (option 82): the switch by its remote id,
         else by the relay's address; the port is the circuit id.
@@ -240,7 +261,7 @@ class BootPolicy:
         relay = request.relay_agent
         if (
             1 not in relay
-            or request.giaddr not in self._relays()
+            or request.giaddr not in self.config.relays
             or self.config.server.identity == "mac"
         ):
             return None
@@ -270,7 +291,7 @@ class BootPolicy:
             return None, "unknown machine, network.discover is off"
         mac = request.mac
         if port is not None and table.lease_of(mac) is None:
-            held = sum(1 for other, at in self._ports.items() if at == port and other != mac)
+            held = self._ports.others(port, mac)
             if held >= PER_PORT:
                 return (
                     None,

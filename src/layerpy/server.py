@@ -159,7 +159,7 @@ class Server:
             names.append(site.name)
         log.info("operator API on %s", ", ".join(names))
 
-    async def _look_for_other_servers(self, *, refuse: bool) -> set[IPv4Address]:
+    async def _look_for_other_servers(self, *, refuse: bool) -> None:
         """Another DHCP server answering on our segment would hand out addresses against
         ours: at start that refuses the start (unless the file expects it), later it is
         logged once per server found."""
@@ -170,10 +170,10 @@ class Server:
         except OSError as error:
             log.warning("cannot look for other DHCP servers on %s: %s", server.interface,
                         error.strerror or error)  # fmt: skip
-            return set()
+            return
         new, self._neighbours = found - self._neighbours, self._neighbours | found
         if not new:
-            return found
+            return
         names = ", ".join(str(address) for address in sorted(new))
         message = f"another DHCP server answers on {server.interface}: {names}"
         if refuse:
@@ -182,7 +182,6 @@ class Server:
                 'set [server] other_dhcp = "expected" in the node file if it is meant to be'
             )
         log.warning("%s", message)
-        return found
 
     async def _watch_for_other_servers(self) -> None:
         while True:

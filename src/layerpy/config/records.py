@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
@@ -159,3 +160,9 @@ class Config:
     images: dict[str, ImageConfig] = field(default_factory=dict)
     switches: dict[str, SwitchConfig] = field(default_factory=dict)
     nodes: dict[str, NodeConfig] = field(default_factory=dict)
+
+    @cached_property
+    def relays(self) -> frozenset[IPv4Address]:
+        """The DHCP relay agents the switches name: the only senders whose option 82 is
+        believed and whose clients are answered (worked out once per file, not per packet)."""
+        return frozenset(s.relay for s in self.switches.values() if s.relay is not None)

@@ -225,7 +225,7 @@ async def image_action(request: web.Request) -> web.Response:
         for name in names:
             power.override_image(name, image)
     except ValueError as error:
-        raise web.HTTPBadRequest(text=f"{error}\n") from None
+        raise web.HTTPBadRequest(text=f"{printable(error)}\n") from None
     audit(request, f"image {image} on {expression}", expression)
     return web.json_response({name: power.status(name) for name in names})
 
