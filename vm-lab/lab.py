@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import ctypes
 import itertools
 import json
 import os
@@ -34,6 +35,7 @@ HERE = Path(__file__).resolve().parent
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
 OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
 FIRMWARES = ("bios", "uefi", "uefi-pxe")
+PR_SET_PDEATHSIG = 1
 BRIDGE_MAC = "02:4c:50:00:00:01"  # locally administered, fixed (see Lab._network)
 ANSI = re.compile(rb"\x1b\[[0-9;?=]*[A-Za-z]")  # SeaBIOS, iPXE and OVMF colour and cursor
 SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes with the NUL
@@ -106,6 +108,11 @@ def qemu_command(spec: VmSpec, run_dir: Path) -> list[str]:
     if spec.powered_off:
         cmd.append("-S")
     return cmd
+
+
+def die_with_parent() -> None:
+    """In a child before exec: SIGTERM when the process that started it dies."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def terminate(procs: list[subprocess.Popen], grace: float = 5.0) -> None:

@@ -36,23 +36,15 @@ teardown or if the caller dies (they get SIGTERM when their parent dies).
 
 from __future__ import annotations
 
-import ctypes
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from lab import Lab, terminate, wait_file
+from lab import Lab, die_with_parent, terminate, wait_file
 
 HERE = Path(__file__).resolve().parent
-PR_SET_PDEATHSIG = 1
 UPLINK = "uplink"
 SWITCH_BRIDGE = "sw0"
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the process that started it dies."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _sh(*cmd: str) -> None:
@@ -137,11 +129,11 @@ def start_relay(
         in_switch = ["ip", "netns", "exec", netns]
         if ra:
             ra_cmd = [*in_switch, sys.executable, str(HERE / "ra.py"), SWITCH_BRIDGE]
-            lab.popen(ra_cmd, log=lab.run_dir / "relay-ra.log", preexec_fn=_die_with_parent)
+            lab.popen(ra_cmd, log=lab.run_dir / "relay-ra.log", preexec_fn=die_with_parent)
         downstream = [arg for port in ports.values() for arg in ("-id", port)]
         relay_cmd = [*in_switch, "dhcrelay", "-d", "--no-pid", "-4", "-a", *downstream]
         relay_cmd += ["-iu", UPLINK, server]
-        proc = lab.popen(relay_cmd, log=log, preexec_fn=_die_with_parent)
+        proc = lab.popen(relay_cmd, log=log, preexec_fn=die_with_parent)
         ready = r"Sending on +Socket/fallback"
         if not wait_file(log, ready, timeout, start, lambda: proc.poll() is None):
             terminate([proc])

@@ -18,9 +18,11 @@ from typing import Any
 
 from bmc import start_bmc
 from lab import Lab, Vm, VmSpec
+from site_dhcp import start_site_dhcp
 
 REPO = Path(__file__).resolve().parent.parent
 LAB_CONFIG = REPO / "configs" / "lab.toml"
+PROXY_CONFIG = REPO / "configs" / "lab-proxy.toml"  # beside a site's DHCP server
 LAYERPY = REPO / ".venv" / "bin" / "layerpy"
 
 BMC_PASSWORD = REPO / "configs" / "lab-bmc.pass"
@@ -129,6 +131,11 @@ class LabSession:
         self.close()
 
 
+def start_site_dhcp_for_proxy_lab(lab: Lab) -> None:
+    """The site's server for configs/lab-proxy.toml: it reserves cn001's address there."""
+    start_site_dhcp(lab, {MACHINES["cn001"].mac: "10.99.0.11"})
+
+
 def print_status(session: LabSession) -> None:
     print(session.cli("status", check=False), flush=True)
 
@@ -141,11 +148,20 @@ def main() -> int:
         action="store_true",
         help="exit 0 once every VM is ready, non-zero on failure",
     )
+    parser.add_argument(
+        "--proxy",
+        action="store_true",
+        help="a site's DHCP server (dnsmasq) hands out the addresses, layerpy is ProxyDHCP",
+    )
     parser.add_argument("--timeout", type=float, default=180)
     parser.add_argument("--run-dir", type=Path, default=REPO / "vm-lab" / "run")
     args = parser.parse_args()
     names = args.vms.split(",")
-    with LabSession(args.run_dir) as session:
+    if args.proxy:
+        session = LabSession(args.run_dir, PROXY_CONFIG, start_site_dhcp_for_proxy_lab)
+    else:
+        session = LabSession(args.run_dir)
+    with session:
         print(f"lab {session.lab.netns}: logs in {session.run_dir}", flush=True)
         session.start(*names)
         try:

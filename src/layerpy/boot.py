@@ -220,6 +220,10 @@ class BootPolicy:
             if verdict.node is not None and verdict.firmware != "os":
                 self.nodes.mark(verdict.node, Phase.DHCP_ACK)
             return
+        if effect.action is Action.LEARNED:
+            if verdict.node is not None:
+                self.nodes.saw_address(verdict.node, effect.address)
+            return
         table = self._leases
         if not effect.pooled or table is None:
             return  # a fixed address is never held, freed or quarantined
@@ -328,11 +332,14 @@ class BootPolicy:
         return None if token is None else self._script(DISCOVERY, token, mac)
 
     def _offer_for(self, node: Node, firmware: str, loads: dict[str, Any]) -> Offer:
+        """Authoritative: the node's address and what to boot. Proxy: what to boot, and
+        the address the node file expects (0.0.0.0: any); iPXE is sent its script without
+        a boot server (siaddr), so that it asks on port 4011, from its address."""
         server, network = self.config.server, self.config.network
         if firmware == "ipxe":
             loads = {"bootfile": self.script_url(node), "ipxe_no_pxedhcp": True}
         return Offer(
-            address=node.config.ip,
+            address=node.config.ip or IPv4Address(0),
             server_id=server.address,
             subnet_mask=network.subnet.netmask,
             lease_time=network.lease_time,
@@ -376,6 +383,12 @@ class BootPolicy:
             f"initrd --name minos {self.base_url}/minos/initrd\n"
             "boot\n"
         )
+
+    @staticmethod
+    def address_of(node: Node) -> IPv4Address | None:
+        """Where the node's boot requests must come from: its address in the node file,
+        else (proxy) the one it showed on port 4011. Its boot script goes there only."""
+        return node.config.ip or node.ip
 
     def node_for_fetch(self, remote: str) -> Node | None:
         """The node a boot-file request comes from, known by its address."""

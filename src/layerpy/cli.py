@@ -123,14 +123,17 @@ def check(config_path: Path) -> None:
     groups = sorted({n.group for n in config.nodes.values() if n.group})
     console.print(f"[bold]{config.path}[/] is valid")
     console.print(f"  server   {server.address} on {server.interface or '-'}, http {server.url}")
-    console.print(
-        f"  dhcp     {server.dhcp}, subnet {network.subnet}, lease {network.lease_time} s"
+    leases = (
+        "the site's server gives the addresses"
+        if server.dhcp == "proxy"
+        else f"lease {network.lease_time} s"
     )
+    console.print(f"  dhcp     {server.dhcp}, subnet {network.subnet}, {leases}")
     console.print(f"  minos    {config.minos.kernel} + {config.minos.initrd}")
     console.print(f"  nodes    {len(config.nodes)} in {len(groups)} group(s) {', '.join(groups)}")
     table = Table("node", "group", "ip", "mac")
     for node in config.nodes.values():
-        _row(table, node.name, node.group or "-", node.ip, node.mac or "-")
+        _row(table, node.name, node.group or "-", node.ip or "(site DHCP)", node.mac or "-")
     console.print(table)
 
 
@@ -147,7 +150,7 @@ def status(api: Client, as_json: bool) -> None:
     table = Table(*columns)
     for node in nodes:
         timeline = " ".join(f"{k}={v:g}" for k, v in node["timeline"].items())
-        _row(table, node["name"], node["mac"] or "-", node["ip"], node["hostname"] or "-",
+        _row(table, node["name"], node["mac"] or "-", node["ip"] or "-", node["hostname"] or "-",
              node["run_state"], node["boots"], timeline)  # fmt: skip
     console.print(table)
 

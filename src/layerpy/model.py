@@ -118,7 +118,7 @@ class Node:
         return {
             "name": self.name,
             "mac": self.mac or self.config.mac,
-            "ip": str(self.ip or self.config.ip),
+            "ip": str(address) if (address := self.ip or self.config.ip) else None,
             "hostname": self.hostname,
             "busy": self.busy,
             "power": self.power,

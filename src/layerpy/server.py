@@ -107,18 +107,17 @@ class Server:
             )
         )
         self.catalog.sync(self.config)  # images pull in the background
-        if server.dhcp == "authoritative":
+        if server.dhcp != "off":
             assert server.interface is not None
             if server.dhcp_probe:
-                await self._look_for_other_servers(refuse=server.other_dhcp == "refuse")
-            self._closers.append(
-                await start_dhcp(
-                    self.policy,
-                    server.interface,
-                    server.address,
-                    self.stats,
-                    log_requests=server.log_requests,
-                )
+                await self._look_for_other_servers(starting=True)
+            self._closers += await start_dhcp(
+                self.policy,
+                server.interface,
+                server.address,
+                self.stats,
+                proxy=server.dhcp == "proxy",
+                log_requests=server.log_requests,
             )
 
     async def _serve_app(self, app: web.Application) -> web.AppRunner:
@@ -159,10 +158,11 @@ class Server:
             names.append(site.name)
         log.info("operator API on %s", ", ".join(names))
 
-    async def _look_for_other_servers(self, *, refuse: bool) -> None:
-        """Another DHCP server answering on our segment would hand out addresses against
-        ours: at start that refuses the start (unless the file expects it), later it is
-        logged once per server found."""
+    async def _look_for_other_servers(self, *, starting: bool = False) -> None:
+        """Authoritative: another DHCP server answering on our segment would hand out
+        addresses against ours, so at start it refuses the start (unless the file expects
+        it); later it is logged once per server found. Proxy: the site's server is needed,
+        and its absence is logged (the nodes cannot get addresses without it)."""
         server = self.config.server
         assert server.interface is not None
         try:
@@ -171,22 +171,34 @@ class Server:
             log.warning("cannot look for other DHCP servers on %s: %s", server.interface,
                         error.strerror or error)  # fmt: skip
             return
-        new, self._neighbours = found - self._neighbours, self._neighbours | found
+        new, gone = found - self._neighbours, self._neighbours - found
+        self._neighbours = found
+        names = ", ".join(str(address) for address in sorted(new))
+        if server.dhcp == "proxy":
+            if new:
+                log.info("the site's DHCP server answers on %s: %s", server.interface, names)
+            if not found and (starting or gone):
+                log.warning(
+                    'no DHCP server answers on %s: with dhcp = "proxy" the site\'s server '
+                    "gives the nodes their addresses, and they cannot boot until one answers",
+                    server.interface,
+                )
+            return
         if not new:
             return
-        names = ", ".join(str(address) for address in sorted(new))
         message = f"another DHCP server answers on {server.interface}: {names}"
-        if refuse:
+        if starting and server.other_dhcp == "refuse":
             raise StartRefused(
-                f"{message}; two servers would hand out conflicting addresses. Stop it, or "
-                'set [server] other_dhcp = "expected" in the node file if it is meant to be'
+                f"{message}; two servers would hand out conflicting addresses. Stop it, set "
+                '[server] dhcp = "proxy" to boot nodes beside it, or set [server] other_dhcp = '
+                '"expected" in the node file if it is meant to be'
             )
         log.warning("%s", message)
 
     async def _watch_for_other_servers(self) -> None:
         while True:
             await asyncio.sleep(NEIGHBOUR_CHECK)
-            await self._look_for_other_servers(refuse=False)
+            await self._look_for_other_servers()
 
     def _tftp_event(self, event: TftpEvent) -> None:
         """Each request is counted once, when it ends: "read" (a transfer, with its service
@@ -206,7 +218,7 @@ class Server:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self.lifecycle.run())
             tasks.create_task(self._check_lost())
-            if self.config.server.dhcp == "authoritative" and self.config.server.dhcp_probe:
+            if self.config.server.dhcp != "off" and self.config.server.dhcp_probe:
                 tasks.create_task(self._watch_for_other_servers())
 
     async def _check_lost(self) -> None:

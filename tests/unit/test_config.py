@@ -152,7 +152,7 @@ BROKEN = {
     ),
     "bad dhcp mode": (
         ("http_port = 8080", 'http_port = 8080\ndhcp = "sometimes"'),
-        ["nodes.toml:5: server.dhcp: 'sometimes' is not one of: authoritative, off"],
+        ["nodes.toml:5: server.dhcp: 'sometimes' is not one of: authoritative, proxy, off"],
     ),
     "missing subnet": (
         ('subnet = "10.99.0.0/24"\n', ""),

@@ -46,6 +46,12 @@ def server(r: Reader, data: dict[str, Any], network: NetworkConfig | None) -> Se
     interface = get("interface", str)
     if dhcp != "off" and interface is None and "server" in data:
         r.problem("server.interface", f"is required when dhcp = {dhcp!r}")
+    if dhcp == "proxy" and network and (network.pool or network.discover):
+        r.problem(
+            "network.pool",
+            'the site\'s DHCP server hands out the addresses when dhcp = "proxy": '
+            "remove network.pool and network.discover",
+        )
     if address and network and address not in network.subnet:
         r.problem("server.address", f"{address} is outside network.subnet {network.subnet}")
     if address is None:

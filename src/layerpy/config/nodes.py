@@ -90,13 +90,15 @@ def read(
     """Groups expanded node by node, then [nodes.NAME] adding nodes or changing them."""
     nodes: dict[str, NodeConfig] = {}
     origin: dict[str, str] = {}
+    # the site's DHCP server chooses addresses in proxy mode: `ip` is then only a check
+    ip_required = server is None or server.dhcp != "proxy"
     groups = r.table(data, "groups", None)
     for group_name, table in groups.items():
-        for node in _group(r, group_name, table):
+        for node in _group(r, group_name, table, ip_required):
             _add(r, nodes, origin, node, f"groups.{group_name}.nodes")
     overrides = r.table(data, "nodes", None)
     for name, table in overrides.items():
-        node = _override(r, name, table, nodes.get(name))
+        node = _override(r, name, table, nodes.get(name), ip_required)
         if node is not None:
             nodes[name] = node
             origin.setdefault(name, f"nodes.{name}")
@@ -104,19 +106,19 @@ def read(
     return nodes
 
 
-def _group(r: Reader, name: str, table: Any) -> Iterator[NodeConfig]:
+def _group(r: Reader, name: str, table: Any, ip_required: bool) -> Iterator[NodeConfig]:
     prefix = f"groups.{name}"
     if not r.is_table(table, prefix):
         return
     r.unknown_keys(table, prefix, GROUP_KEYS)
     get = r.getter(table, prefix)
     names = get("nodes", str, hostlist.expand, required=True)
-    ips = get("ip", str, values.ipv4_range, required=True)
+    ips = get("ip", str, values.ipv4_range, required=ip_required)
     macs = get("mac", (list, str), values.mac_list)
     power = get("power", str, values.choice(POWER_STATES), default="on")
     image = get("image", str)
     locations = get("location", str, values.locations)
-    if names is None or ips is None:
+    if names is None or (ips is None and ip_required):
         return
     bmcs = _bmcs(r, table.get("bmc"), f"{prefix}.bmc", names)
     for key, entries in (("ip", ips), ("mac", macs), ("location", locations)):
@@ -129,10 +131,13 @@ def _group(r: Reader, name: str, table: Any) -> Iterator[NodeConfig]:
         mac = macs[index] if macs else None
         bmc = bmcs[index] if bmcs else None
         location = locations[index] if locations else None
-        yield NodeConfig(node_name, ips[index], mac, name, power or "on", bmc, image, location)
+        ip = ips[index] if ips else None
+        yield NodeConfig(node_name, ip, mac, name, power or "on", bmc, image, location)
 
 
-def _override(r: Reader, name: str, table: Any, base: NodeConfig | None) -> NodeConfig | None:
+def _override(
+    r: Reader, name: str, table: Any, base: NodeConfig | None, ip_required: bool
+) -> NodeConfig | None:
     prefix = f"nodes.{name}"
     if not r.is_table(table, prefix):
         return None
@@ -141,7 +146,7 @@ def _override(r: Reader, name: str, table: Any, base: NodeConfig | None) -> Node
         return None
     r.unknown_keys(table, prefix, NODE_KEYS)
     get = r.getter(table, prefix)
-    ip = get("ip", str, values.ipv4, required=base is None)
+    ip = get("ip", str, values.ipv4, required=base is None and ip_required)
     mac = get("mac", str, values.mac)
     power = get("power", str, values.choice(POWER_STATES))
     image = get("image", str)
@@ -153,7 +158,7 @@ def _override(r: Reader, name: str, table: Any, base: NodeConfig | None) -> Node
     bmcs = _bmcs(r, table.get("bmc"), f"{prefix}.bmc", [name])
     bmc = bmcs[0] if bmcs else None
     if base is None:
-        if ip is None:
+        if ip is None and ip_required:
             return None
         return NodeConfig(name, ip, mac, None, power or "on", bmc, image, location)
     return replace(
@@ -236,13 +241,15 @@ def _check_unique(
     seen_mac: dict[str, str] = {}
     for node in nodes.values():
         key = origin[node.name]
-        if node.ip in seen_ip:
-            r.problem(key, f"{node.name} has IP {node.ip}, already used by {seen_ip[node.ip]}")
-        seen_ip.setdefault(node.ip, node.name)
         if node.mac and node.mac in seen_mac:
             r.problem(key, f"{node.name} has MAC {node.mac}, already used by {seen_mac[node.mac]}")
         if node.mac:
             seen_mac.setdefault(node.mac, node.name)
+        if node.ip is None:
+            continue
+        if node.ip in seen_ip:
+            r.problem(key, f"{node.name} has IP {node.ip}, already used by {seen_ip[node.ip]}")
+        seen_ip.setdefault(node.ip, node.name)
         if network is not None:
             subnet = network.subnet
             if node.ip not in subnet:

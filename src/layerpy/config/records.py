@@ -11,7 +11,9 @@ from layerpy.images.source import ImageSource
 from layerpy.power.base import PowerSpec
 from layerpy.proto.agent import HEARTBEAT
 
-DHCP_MODES = ("authoritative", "off")
+# authoritative: addresses and boot information; proxy: boot information only, beside the
+# site's DHCP server (ProxyDHCP, port 67 and 4011); off: no DHCP at all.
+DHCP_MODES = ("authoritative", "proxy", "off")
 OTHER_DHCP = ("refuse", "expected")  # another DHCP server on the segment: refuse to start?
 # What may name a machine as a node (docs/security.md has the threat model of each):
 # mac: the MAC alone; location: also DHCP option 82 from a configured relay, and an
@@ -140,7 +142,7 @@ class SwitchConfig:
 @dataclass(frozen=True)
 class NodeConfig:
     name: str
-    ip: IPv4Address
+    ip: IPv4Address | None  # None only with dhcp = "proxy": the site's server chooses
     mac: str | None = None
     group: str | None = None
     power: str = "on"

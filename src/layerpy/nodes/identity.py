@@ -30,7 +30,7 @@ class Identities:
     def index(self, nodes: dict[str, Node]) -> None:
         """Rebuild the look-ups (at start and after a reload)."""
         self._by_mac = {mac: n for n in nodes.values() if (mac := self.mac_of(n))}
-        self._by_ip = {n.config.ip: n for n in nodes.values()}
+        self._by_ip = {ip: n for n in nodes.values() if (ip := n.config.ip or n.ip)}
         self._by_location = {n.config.location: n for n in nodes.values() if n.config.location}
 
     def mac_of(self, node: Node) -> str | None:
@@ -44,6 +44,15 @@ class Identities:
             return self._by_ip.get(IPv4Address(ip))
         except ValueError:
             return None
+
+    def readdress(self, node: Node, old: IPv4Address | None) -> None:
+        """A node without an address in the file (proxy mode) showed a new one: node.ip."""
+        if node.config.ip is not None:
+            return
+        if old is not None and self._by_ip.get(old) is node:
+            del self._by_ip[old]
+        if node.ip is not None:
+            self._by_ip[node.ip] = node
 
     def at(self, location: Location) -> Node | None:
         return self._by_location.get(location)

@@ -146,6 +146,14 @@ class NodeStore:
     def saw_mac(self, node: Node, mac: str) -> None:
         self._set(node, mac=mac)
 
+    def saw_address(self, node: Node, ip: IPv4Address | None, why: str = "") -> None:
+        """The address a node uses (from its ProxyDHCP request or its agent); a node the
+        file gives no address is found by it from now on."""
+        old = node.ip
+        self._set(node, why, ip=ip)
+        if old != ip:
+            self.identities.readdress(node, old)
+
     def saw_boot_request(self, node: Node, firmware: str) -> None:
         """A DHCP DISCOVER from boot firmware (PXE or iPXE).
 
@@ -308,10 +316,10 @@ class NodeStore:
             "agent_version": report.agent_version,
             "timeline": report.timeline,
         }
+        self.saw_address(node, ip)
         self._set(
             node,
             mac=report.mac,
-            ip=ip,
             hostname=report.hostname,
             busy=busy,
             image_state=state,

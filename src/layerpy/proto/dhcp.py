@@ -242,27 +242,17 @@ class Offer:
     ipxe_no_pxedhcp: bool = False
 
 
-def build_reply(request: DhcpPacket, offer: Offer) -> DhcpPacket:
-    """OFFER for DISCOVER, ACK for REQUEST and INFORM, sized to what the client accepts."""
+def build_reply(request: DhcpPacket, offer: Offer, *, proxy: bool = False) -> DhcpPacket:
+    """OFFER for DISCOVER, ACK for REQUEST and INFORM, sized to what the client accepts.
+
+    A ProxyDHCP reply (`proxy`) carries what to boot and nothing else: no address (yiaddr
+    0), no lease and no network options, since those are the site's server's to give."""
     kind = _REPLY_TYPE.get(request.message_type or 0)
     if kind is None:
         raise ValueError(f"DHCP message type {request.message_type} gets no OFFER/ACK")
     inform = request.message_type == INFORM
     bootfile = offer.bootfile.encode() if offer.bootfile else b""
-    extra: dict[int, bytes] = {}
-    if not inform:
-        extra[OPT_LEASE_TIME] = offer.lease_time.to_bytes(4)
-    extra[OPT_SUBNET_MASK] = offer.subnet_mask.packed
-    if offer.router:
-        extra[OPT_ROUTER] = offer.router.packed
-    if offer.dns:
-        extra[OPT_DNS] = b"".join(a.packed for a in offer.dns)
-    if offer.domain:
-        extra[OPT_DOMAIN] = offer.domain.encode()
-    if offer.hostname:
-        extra[OPT_HOSTNAME] = offer.hostname.encode()
-    if offer.next_server:
-        extra[OPT_TFTP_SERVER] = str(offer.next_server).encode()
+    extra = {} if proxy else _lease_options(offer, inform)
     if bootfile:
         extra[OPT_BOOTFILE] = bootfile
         if request.is_pxe_client:
@@ -273,7 +263,7 @@ def build_reply(request: DhcpPacket, offer: Offer) -> DhcpPacket:
             extra[OPT_VENDOR_SPECIFIC] = PXE_BOOT_OFFERED_FILE
         elif request.is_http_client:  # UEFI takes an HTTP boot offer only with this echoed
             extra[OPT_VENDOR_CLASS] = b"HTTPClient"
-    if offer.ipxe_no_pxedhcp:
+    if offer.ipxe_no_pxedhcp and not proxy:
         extra[OPT_IPXE] = bytes((IPXE_NO_PXEDHCP, 1, 1))
     wanted = request.options.get(OPT_PARAM_LIST, b"")
     options = {OPT_MESSAGE_TYPE: bytes((kind,)), OPT_SERVER_ID: offer.server_id.packed}
@@ -289,12 +279,31 @@ def build_reply(request: DhcpPacket, offer: Offer) -> DhcpPacket:
         op=2,
         secs=0,
         ciaddr=_ZERO if kind == OFFER else request.ciaddr,
-        yiaddr=_ZERO if inform else offer.address,
+        yiaddr=_ZERO if inform or proxy else offer.address,
         siaddr=offer.next_server or _ZERO,
         sname=bytes(64),
         file=file,
         options=options,
     )
+
+
+def _lease_options(offer: Offer, inform: bool) -> dict[int, bytes]:
+    """What a client needs to use its address: lease time, mask, router, DNS, names."""
+    options: dict[int, bytes] = {}
+    if not inform:
+        options[OPT_LEASE_TIME] = offer.lease_time.to_bytes(4)
+    options[OPT_SUBNET_MASK] = offer.subnet_mask.packed
+    if offer.router:
+        options[OPT_ROUTER] = offer.router.packed
+    if offer.dns:
+        options[OPT_DNS] = b"".join(a.packed for a in offer.dns)
+    if offer.domain:
+        options[OPT_DOMAIN] = offer.domain.encode()
+    if offer.hostname:
+        options[OPT_HOSTNAME] = offer.hostname.encode()
+    if offer.next_server:
+        options[OPT_TFTP_SERVER] = str(offer.next_server).encode()
+    return options
 
 
 def build_nak(

@@ -63,6 +63,7 @@ class Action(StrEnum):
     RELEASE = "release"  # the client gave the address back
     DECLINE = "decline"  # the client found the address in use by another host
     ACKED = "acked"  # an ACK for a lease went out (the boot timeline notes it)
+    LEARNED = "learned"  # proxy: the client showed the address the site's server gave it
 
 
 @dataclass(frozen=True, slots=True)

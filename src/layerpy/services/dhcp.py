@@ -1,8 +1,9 @@
-"""DHCP service: moves datagrams between a socket, the RFC 2131 core and the boot policy.
+"""DHCP service: moves datagrams between a socket, the protocol core and the boot policy.
 
 Per datagram: decode, tick the policy (lapsed leases), ask it what the client deserves,
-let :func:`layerpy.proto.dhcp_server.decide` answer, send the reply, apply the effects,
-count. Every decision lives in ``proto/``; what a machine gets lives in ``boot.py``.
+let the core answer (:mod:`layerpy.proto.dhcp_server` when authoritative,
+:mod:`layerpy.proto.proxy_dhcp` beside the site's server), apply the effects, send the
+reply, count. Every decision lives in ``proto/``; what a machine gets lives in ``boot.py``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ipaddress import IPv4Address
 
 from layerpy.boot import BootPolicy, Verdict
 from layerpy.logs import Throttle
-from layerpy.proto import dhcp
+from layerpy.proto import dhcp, proxy_dhcp
 from layerpy.proto.dhcp_server import (
     Action,
     Decision,
@@ -46,15 +47,25 @@ REMEMBERED = 4096
 
 
 class DhcpService(asyncio.DatagramProtocol):
-    """Authoritative DHCP for the machines in the node file (and the discovery pool)."""
+    """DHCP for the machines in the node file on one socket: authoritative (port 67, with
+    the discovery pool), or ProxyDHCP on port 67 or 4011 (`proxy`)."""
 
     def __init__(
-        self, policy: BootPolicy, server_address: IPv4Address, stats: Stats, log_requests: bool
+        self,
+        policy: BootPolicy,
+        server_address: IPv4Address,
+        stats: Stats,
+        log_requests: bool,
+        *,
+        port: int = dhcp.SERVER_PORT,
+        proxy: bool = False,
     ) -> None:
         self.policy = policy
         self.server_address = server_address
         self.stats = stats
         self.log_requests = log_requests
+        self.port = port
+        self.proxy = proxy
         self.transport: asyncio.DatagramTransport | None = None
         self._logged: OrderedDict[str, str] = OrderedDict()  # MAC -> last outcome logged
 
@@ -76,7 +87,7 @@ class DhcpService(asyncio.DatagramProtocol):
             return
         kind = MESSAGE_NAMES[request.message_type or 0]
         try:
-            verdict, decision = self.handle(request)
+            verdict, decision = self.handle(request, addr)
         except OSError as error:  # the lease journal cannot be written: promise nothing
             self.stats.observe("dhcp", kind, time.perf_counter() - started, ok=False)
             quiet.log("journal", logging.ERROR, "not answering DHCP: leases cannot be kept: %s",
@@ -90,7 +101,9 @@ class DhcpService(asyncio.DatagramProtocol):
         self.stats.count("dhcp", decision.answer)
         self._log(request.mac, kind, addr[0], verdict, decision)
 
-    def handle(self, request: dhcp.DhcpPacket) -> tuple[Verdict, Decision]:
+    def handle(
+        self, request: dhcp.DhcpPacket, sender: tuple[str, int] = ("0.0.0.0", dhcp.CLIENT_PORT)
+    ) -> tuple[Verdict, Decision]:
         """Ask, decide, apply, then send: nothing is written before the decision is made,
         and a lease is journalled before the ACK that promises it goes out."""
         for lease in self.policy.tick():
@@ -99,7 +112,10 @@ class DhcpService(asyncio.DatagramProtocol):
             log.log(level, "%s lease %s lapsed (%s)", lease.state, lease.address, whose)
         verdict = self.policy.verdict(request)
         server = ServerIdentity(self.server_address, self.policy.config.network.subnet)
-        decision = decide(request, server, verdict.grant)
+        if self.proxy:
+            decision = proxy_dhcp.decide(request, server, verdict.grant, self.port, sender)
+        else:
+            decision = decide(request, server, verdict.grant)
         self.policy.apply(verdict, decision.effects)  # kept before it is promised
         if decision.reply is not None and decision.destination is not None and self.transport:
             self._send(dhcp.encode(decision.reply), decision.destination)
@@ -147,10 +163,34 @@ async def start_dhcp(
     server_address: IPv4Address,
     stats: Stats,
     *,
-    port: int = 67,
+    proxy: bool = False,
     log_requests: bool = False,
-) -> asyncio.DatagramTransport:
-    """Listen for DHCP on one interface only (never on every interface of the host)."""
+) -> list[asyncio.DatagramTransport]:
+    """Listen for DHCP on one interface only (never on every interface of the host): port
+    67, and with `proxy` also the PXE boot server port 4011."""
+    ports = (dhcp.SERVER_PORT, proxy_dhcp.BOOT_SERVER_PORT) if proxy else (dhcp.SERVER_PORT,)
+    loop = asyncio.get_running_loop()
+    transports: list[asyncio.DatagramTransport] = []
+    try:
+        for port in ports:
+            sock = _listening_socket(interface, port)
+            transport, _ = await loop.create_datagram_endpoint(
+                lambda port=port: DhcpService(
+                    policy, server_address, stats, log_requests, port=port, proxy=proxy
+                ),
+                sock=sock,
+            )
+            transports.append(transport)
+    except BaseException:
+        for transport in transports:
+            transport.close()
+        raise
+    mode = "ProxyDHCP" if proxy else "authoritative"
+    log.info("listening on %s port %s (%s)", interface, " and ".join(map(str, ports)), mode)
+    return transports
+
+
+def _listening_socket(interface: str, port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -164,12 +204,7 @@ async def start_dhcp(
             f"cannot listen for DHCP on {interface} port {port}: {error.strerror} "
             "(check server.interface, and run as root)"
         ) from None
-    loop = asyncio.get_running_loop()
-    transport, _ = await loop.create_datagram_endpoint(
-        lambda: DhcpService(policy, server_address, stats, log_requests), sock=sock
-    )
-    log.info("listening on %s:%d (authoritative)", interface, port)
-    return transport
+    return sock
 
 
 async def other_servers(interface: str, own: IPv4Address, seconds: float) -> list[IPv4Address]:

@@ -136,9 +136,12 @@ async def boot_script(request: web.Request) -> web.Response:
     node = policy.nodes.nodes.get(name)
     if node is None:
         raise web.HTTPNotFound(text=f"no node named {name!r}\n")
-    if request.remote != str(node.config.ip):
-        log.warning("%s: refused its boot script to %s", name, request.remote)
-        raise web.HTTPForbidden(text=f"the boot script of {name} is only for {node.config.ip}\n")
+    address = policy.address_of(node)
+    if address is None or request.remote != str(address):
+        quiet.log(name, logging.WARNING, "%s: refused its boot script to %s", name,
+                  request.remote)  # fmt: skip
+        whom = address or "the address it shows the ProxyDHCP server (none yet)"
+        raise web.HTTPForbidden(text=f"the boot script of {name} is only for {whom}\n")
     return web.Response(text=policy.script(node), content_type="text/plain")
 
 
