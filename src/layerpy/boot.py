@@ -333,11 +333,12 @@ class BootPolicy:
 
     def _offer_for(self, node: Node, firmware: str, loads: dict[str, Any]) -> Offer:
         """Authoritative: the node's address and what to boot. Proxy: what to boot, and
-        the address the node file expects (0.0.0.0: any); iPXE is sent its script without
-        a boot server (siaddr), so that it asks on port 4011, from its address."""
+        the address the node file expects (0.0.0.0: any)."""
         server, network = self.config.server, self.config.network
         if firmware == "ipxe":
             loads = {"bootfile": self.script_url(node), "ipxe_no_pxedhcp": True}
+            if server.dhcp == "proxy":  # iPXE takes a ProxyDHCP ACK only if it names one
+                loads["next_server"] = server.address
         return Offer(
             address=node.config.ip or IPv4Address(0),
             server_id=server.address,

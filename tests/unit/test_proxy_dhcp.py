@@ -3,6 +3,7 @@ server (boot information, never an address), through the DHCP service's handle()
 
 from __future__ import annotations
 
+import logging
 from ipaddress import IPv4Address
 
 import pytest
@@ -35,6 +36,7 @@ from dhcp_requests import (
 IP = IPv4Address
 SITE_ADDRESS = IP("10.99.0.57")  # what the site's server gave cn001
 FROM_SITE_ADDRESS = (str(SITE_ADDRESS), dhcp.CLIENT_PORT)
+BROADCAST = ("0.0.0.0", dhcp.CLIENT_PORT)
 RESERVED = '\n[nodes.cn002]\nip = "10.99.0.12"\n'  # the site's server reserves this for it
 
 
@@ -107,7 +109,7 @@ def test_port_67_offers_what_to_boot_and_no_address(
     assert verdict.boot_request and policy.nodes.nodes["cn001"].boot is not None
 
 
-def test_port_67_leaves_everything_else_to_the_site_server(policy) -> None:
+def test_port_67_leaves_everything_else_to_the_site_server(policy, caplog) -> None:
     service = port(policy, 67)
     site = IP("10.99.0.2").packed
     for packet in (
@@ -119,6 +121,9 @@ def test_port_67_leaves_everything_else_to_the_site_server(policy) -> None:
     ):
         assert service.handle(packet)[1].reply is None
     assert policy.nodes.nodes["cn001"].ip is None
+    caplog.set_level(logging.INFO, "layerpy.dhcp")
+    service.datagram_received(dhcp.encode(request(dhcp.REQUEST, o54=site, **IPXE)), BROADCAST)
+    assert "site" not in caplog.text  # the normal course of a boot: not logged
 
 
 def test_port_4011_acks_the_script_and_learns_the_address(policy) -> None:
@@ -130,6 +135,7 @@ def test_port_4011_acks_the_script_and_learns_the_address(policy) -> None:
     ack = decision.reply
     assert ack is not None and ack.message_type == dhcp.ACK
     assert (ack.yiaddr, ack.ciaddr) == (ZERO, SITE_ADDRESS)
+    assert ack.siaddr == SERVER  # iPXE drops a ProxyDHCP ACK that names no boot server
     assert ack.options[dhcp.OPT_BOOTFILE] == b"http://10.99.0.1:8080/boot/cn001.ipxe"
     assert decision.destination == FROM_SITE_ADDRESS  # unicast back to the asker
     assert node.ip == SITE_ADDRESS and nodes.by_ip(SITE_ADDRESS) is node

@@ -85,6 +85,7 @@ class Decision:
     destination: tuple[str, int] | None
     reason: str
     effects: tuple[Effect, ...] = ()
+    routine: bool = False  # a silence that is the protocol's normal course, not news
 
     @property
     def answer(self) -> str:

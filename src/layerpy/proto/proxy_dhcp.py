@@ -9,6 +9,9 @@ server's business and gets silence here.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from ipaddress import IPv4Address
+
 from layerpy.proto.dhcp import DISCOVER, REQUEST, DhcpPacket, build_reply, reply_destination
 from layerpy.proto.dhcp_server import (
     Action,
@@ -20,6 +23,7 @@ from layerpy.proto.dhcp_server import (
 )
 
 BOOT_SERVER_PORT = 4011
+_ANY = IPv4Address(0)
 
 
 def decide(
@@ -39,12 +43,14 @@ def decide(
     if grant is None:
         return _silent("nothing to boot for this client")
     if not (request.is_pxe_client or request.is_http_client):
-        return _silent("not a PXE or HTTP boot client (option 60)")
+        return _silent("not a PXE or HTTP boot client (option 60)", routine=True)
     if port == BOOT_SERVER_PORT:
         return _boot_request(request, server, grant, sender)
     if request.message_type != DISCOVER:
-        return _silent("for the site's DHCP server")
+        return _silent("for the site's DHCP server", routine=True)
     reply = build_reply(request, grant.offer, proxy=True)
+    if request.is_ipxe:  # no boot server named: iPXE then asks on 4011, from its address
+        reply = replace(reply, siaddr=_ANY)
     return Decision(reply, reply_destination(request, reply), "proxy offer")
 
 
@@ -74,5 +80,5 @@ def _boot_request(
     return Decision(reply, sender, f"boot server ack to {address}", effects)
 
 
-def _silent(reason: str) -> Decision:
-    return Decision(None, None, reason)
+def _silent(reason: str, *, routine: bool = False) -> Decision:
+    return Decision(None, None, reason, routine=routine)

@@ -144,7 +144,7 @@ class DhcpService(asyncio.DatagramProtocol):
             self._logged.pop(mac, None)  # the client is fine again: its next trouble is news
             return
         notable = decision.answer == "nak" or (
-            decision.answer == "silent" and verdict.grant is not None
+            decision.answer == "silent" and verdict.grant is not None and not decision.routine
         )
         if not notable or self._logged.get(mac) == decision.reason:
             return
