@@ -34,7 +34,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
 OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
-FIRMWARES = ("bios", "uefi", "uefi-pxe")
+FIRMWARES = ("bios", "uefi", "uefi-pxe", "uefi-http")
 PR_SET_PDEATHSIG = 1
 BRIDGE_MAC = "02:4c:50:00:00:01"  # locally administered, fixed (see Lab._network)
 ANSI = re.compile(rb"\x1b\[[0-9;?=]*[A-Za-z]")  # SeaBIOS, iPXE and OVMF colour and cursor
@@ -82,8 +82,8 @@ def qemu_command(spec: VmSpec, run_dir: Path) -> list[str]:
     """
     run_dir = run_dir.resolve()
     nic = f"virtio-net-pci,netdev=net0,mac={spec.mac},bootindex=1"
-    if spec.firmware == "uefi-pxe":
-        nic += ",romfile="  # no iPXE ROM: OVMF's own VirtioNetDxe + PXE
+    if spec.firmware in ("uefi-pxe", "uefi-http"):
+        nic += ",romfile="  # no iPXE ROM: OVMF's own VirtioNetDxe + PXE (or HTTP boot)
     cmd = [
         "qemu-system-x86_64",
         *("-name", spec.name, "-machine", "pc", "-accel", "tcg", "-m", str(spec.memory_mb)),
@@ -101,7 +101,10 @@ def qemu_command(spec: VmSpec, run_dir: Path) -> list[str]:
     ]
     if spec.firmware == "bios":
         cmd += ["-fw_cfg", f"name=etc/sercon-port,file={run_dir / 'sercon-port'}"]
-    else:
+    if spec.firmware == "uefi-http":  # OVMF's boot entries: HTTPv4 only, no PXE, no IPv6
+        cmd += ["-fw_cfg", "name=opt/org.tianocore/IPv4PXESupport,string=no"]
+        cmd += ["-fw_cfg", "name=opt/org.tianocore/IPv6Support,string=no"]
+    if spec.firmware != "bios":
         vars_copy = run_dir / f"{spec.name}.vars.fd"
         cmd += ["-drive", f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}"]
         cmd += ["-drive", f"if=pflash,format=raw,unit=1,file={vars_copy}"]
@@ -458,7 +461,7 @@ def selftest(run_dir: Path) -> bool:
     """Boot every firmware with and without the RA responder; check teardown left nothing."""
     qemu_pids: list[int] = []
     ok = True
-    for firmware in FIRMWARES:
+    for firmware in MILESTONES:  # the stand-in server offers no HTTP boot
         for ra in (True, False):
             case_dir = run_dir / f"{firmware}-{'ra' if ra else 'nora'}"
             times, pid = boot_once(case_dir, firmware, ra)
@@ -478,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start a lab with VMs and keep it until Ctrl-C or SIGTERM")
-    up.add_argument("--vms", required=True, help="name:mac[:bios|uefi|uefi-pxe],...")
+    up.add_argument("--vms", required=True, help=f"name:mac[:{'|'.join(FIRMWARES)}],...")
     up.add_argument("--run-dir", type=Path, required=True)
     up.add_argument("--address", default="10.99.0.1/24", help="bridge address (server side)")
     up.add_argument("--no-ra", action="store_true", help="no router advertisements")

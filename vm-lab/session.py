@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -95,9 +96,13 @@ class LabSession:
     def nodes(self) -> dict[str, dict[str, Any]]:
         return {node["name"]: node for node in self.api("/api/v1/nodes") or []}
 
-    def start(self, *names: str) -> list[Vm]:
-        """Start lab machines; the ones with a BMC stay off until layerpy powers them on."""
-        vms = [self.lab.add_vm(MACHINES[name]) for name in names]
+    def start(self, *names: str, firmware: dict[str, str] | None = None) -> list[Vm]:
+        """Start lab machines (with another `firmware` for some, by name); the ones with a
+        BMC stay off until layerpy powers them on."""
+        other = firmware or {}
+        specs = [replace(MACHINES[name], firmware=other.get(name, MACHINES[name].firmware))
+                 for name in names]  # fmt: skip
+        vms = [self.lab.add_vm(spec) for spec in specs]
         for name in names:
             if name in BMCS:
                 self.bmcs[name] = start_bmc(self.lab, name, BMCS[name], BMC_PASSWORD)
