@@ -34,6 +34,7 @@ from layerpy.stats import Stats
 
 log = logging.getLogger("layerpy.server")
 
+LAG_PROBE = 0.05  # seconds between looks at the event loop's lag
 NEIGHBOUR_CHECK = 600.0  # seconds between looks for another DHCP server while serving
 
 
@@ -218,8 +219,18 @@ class Server:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self.lifecycle.run())
             tasks.create_task(self._check_lost())
+            tasks.create_task(self._measure_loop_lag())
             if self.config.server.dhcp != "off" and self.config.server.dhcp_probe:
                 tasks.create_task(self._watch_for_other_servers())
+
+    async def _measure_loop_lag(self) -> None:
+        """How late the event loop wakes a timer, i.e. how long something else held it:
+        every DHCP answer waits that long too. Shown as ``loop``/``lag`` in the stats."""
+        loop = asyncio.get_running_loop()
+        while True:
+            asked = loop.time()
+            await asyncio.sleep(LAG_PROBE)
+            self.stats.observe("loop", "lag", max(0.0, loop.time() - asked - LAG_PROBE))
 
     async def _check_lost(self) -> None:
         interval = max(0.5, self.config.server.heartbeat / 2)

@@ -1,4 +1,5 @@
-"""Service profiling: per request type, counts and service-time percentiles.
+"""Service profiling: per request type, counts and service-time percentiles (over the
+last SAMPLES of each).
 
 Kept tiny and allocation-light because every DHCP packet and HTTP request passes here.
 """
@@ -32,6 +33,7 @@ class Series:
             "mean_ms": round(statistics.fmean(times) * 1000, 3),
             "median_ms": round(times[len(times) // 2] * 1000, 3),
             "p99_ms": round(times[min(len(times) - 1, int(len(times) * 0.99))] * 1000, 3),
+            "max_ms": round(times[-1] * 1000, 3),
         }
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import replace
-from ipaddress import IPv4Address
 from typing import Any
 
 from layerpy import hostlist
@@ -237,8 +236,12 @@ def _check_unique(
     network: NetworkConfig | None,
     server: ServerConfig | None,
 ) -> None:
-    seen_ip: dict[IPv4Address, str] = {}
+    seen_ip: dict[int, str] = {}  # by int: an IPv4Address hashes slowly, and there may be 100 000
     seen_mac: dict[str, str] = {}
+    subnet = network.subnet if network is not None else None
+    first, last = (int(subnet.network_address), int(subnet.broadcast_address)) if subnet else (0, 0)
+    pool = (int(network.pool[0]), int(network.pool[1])) if network and network.pool else None
+    own = int(server.address) if server is not None else None
     for node in nodes.values():
         key = origin[node.name]
         if node.mac and node.mac in seen_mac:
@@ -247,19 +250,19 @@ def _check_unique(
             seen_mac.setdefault(node.mac, node.name)
         if node.ip is None:
             continue
-        if node.ip in seen_ip:
-            r.problem(key, f"{node.name} has IP {node.ip}, already used by {seen_ip[node.ip]}")
-        seen_ip.setdefault(node.ip, node.name)
-        if network is not None:
-            subnet = network.subnet
-            if node.ip not in subnet:
+        ip = int(node.ip)
+        if ip in seen_ip:
+            r.problem(key, f"{node.name} has IP {node.ip}, already used by {seen_ip[ip]}")
+        seen_ip.setdefault(ip, node.name)
+        if subnet is not None:
+            if not first <= ip <= last:
                 r.problem(key, f"{node.name}'s IP {node.ip} is outside network.subnet {subnet}")
-            elif node.ip in (subnet.network_address, subnet.broadcast_address):
+            elif ip in (first, last):
                 r.problem(
                     key,
                     f"{node.name}'s IP {node.ip} is the subnet's network or broadcast address",
                 )
-            elif network.pool and network.pool[0] <= node.ip <= network.pool[1]:
+            elif pool and pool[0] <= ip <= pool[1]:
                 r.problem(key, f"{node.name}'s IP {node.ip} lies inside network.pool")
-        if server is not None and node.ip == server.address:
+        if ip == own:
             r.problem(key, f"{node.name}'s IP {node.ip} is the server's own address")

@@ -14,13 +14,14 @@ import heapq
 import itertools
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from layerpy.engine.graph import Goal, Graph, NoPath, State
 from layerpy.engine.mutation import Mutation
 
+SLICE = 0.001  # seconds of planning per pass before the event loop runs others
 log = logging.getLogger("layerpy.engine")
 
 HISTORY = 10  # failures kept per node for explain()
@@ -70,7 +71,9 @@ class Engine:
         self.on_write = on_write
         self.max_actions, self.max_failures, self.backoff = max_actions, max_failures, backoff
         self._nodes: dict[str, _Node] = {}
-        self._dirty: dict[_Node, None] = {}
+        # to plan, oldest first (popped from the front in O(1): a dict would rescan the
+        # holes its front leaves, quadratic for 100 000 nodes)
+        self._dirty: OrderedDict[_Node, None] = OrderedDict()
         self._timers: list[tuple[float, int, _Node, int]] = []
         self._tie = itertools.count()
         self._queue: deque[tuple[_Node, int]] = deque()
@@ -194,6 +197,9 @@ class Engine:
             while True:
                 self._wake.clear()
                 due = self.step()
+                if self.pending():  # more than one slice of work: the others go first
+                    await asyncio.sleep(0)
+                    continue
                 timer = None if due is None else loop.call_later(due - self.clock(), self._wake.set)
                 await self._wake.wait()
                 if timer is not None:
@@ -205,14 +211,18 @@ class Engine:
                     self._mark(rec)
 
     def step(self) -> float | None:
-        """One pass: expire due timers, plan dirty nodes, start queued actions.
+        """One pass of at most SLICE seconds: expire due timers, plan dirty nodes, start
+        queued actions; what is left waits for the next pass (a reload or a start with
+        100 000 nodes would otherwise hold the event loop, and every DHCP answer, for
+        a second).
 
         Returns when the next timer is due. Tests with a fake clock call this directly
         (from inside a loop, since actions start as tasks).
         """
         now = self.clock()
+        until = time.perf_counter() + SLICE
         timers = self._timers
-        while timers and timers[0][0] <= now:
+        while timers and timers[0][0] <= now and time.perf_counter() < until:
             _, _, rec, epoch = heapq.heappop(timers)
             if rec.epoch != epoch:
                 continue
@@ -223,11 +233,16 @@ class Engine:
                 )
             else:
                 self._mark(rec)  # its backoff is over
-        dirty, self._dirty = self._dirty, {}
-        for rec in dirty:
+        dirty = self._dirty
+        while dirty and time.perf_counter() < until:
+            rec, _ = dirty.popitem(last=False)
             self._advance(rec, now)
         self._pump()
         return timers[0][0] if timers else None
+
+    def pending(self) -> bool:
+        """Work the last pass left for the next: nodes to plan, timers already due."""
+        return bool(self._dirty) or (bool(self._timers) and self._timers[0][0] <= self.clock())
 
     # -- internals ---------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ class Graph:
             self.mutations[mutation.name] = mutation
         self.default: State = tuple(var.default for var in self.variables)
         self._interned: dict[tuple, tuple] = {}
+        self._assigned: dict[tuple, tuple] = {}
         self._edges: dict[tuple[State, bool], list[tuple[Mutation, State]]] = {}
         self._paths: dict[tuple[State, Goal], tuple[Mutation, ...] | str] = {}
 
@@ -185,13 +186,19 @@ class Graph:
     # -- validation --------------------------------------------------------------------
 
     def _assign(self, base: tuple, values: Mapping[str, str | None], *, unset: bool) -> tuple:
+        """`base` with `values` set, validated; remembered, since a thousand nodes of one
+        group ask the same (the state space is small, so is what is remembered)."""
+        key = (base, tuple(values.items()), unset)
+        if (known := self._assigned.get(key)) is not None:
+            return known
         new = list(base)
         for var, value in values.items():
             if value is None and unset:
                 new[self._var(var)] = None
             else:
                 new[self._value(var, value)] = value
-        return self._intern(tuple(new))
+        self._assigned[key] = result = self._intern(tuple(new))
+        return result
 
     def _intern(self, values: tuple) -> tuple:
         """One tuple per distinct state, shared by every node in it."""

@@ -24,13 +24,13 @@ class Identities:
             node: mac for node, mac in files.read(BINDINGS).items() if isinstance(mac, str)
         }
         self._by_mac: dict[str, Node] = {}
-        self._by_ip: dict[IPv4Address, Node] = {}
+        self._by_ip: dict[int, Node] = {}  # by int: IPv4Address hashes slowly
         self._by_location: dict[Location, Node] = {}
 
     def index(self, nodes: dict[str, Node]) -> None:
         """Rebuild the look-ups (at start and after a reload)."""
         self._by_mac = {mac: n for n in nodes.values() if (mac := self.mac_of(n))}
-        self._by_ip = {ip: n for n in nodes.values() if (ip := n.config.ip or n.ip)}
+        self._by_ip = {int(ip): n for n in nodes.values() if (ip := n.config.ip or n.ip)}
         self._by_location = {n.config.location: n for n in nodes.values() if n.config.location}
 
     def mac_of(self, node: Node) -> str | None:
@@ -41,7 +41,7 @@ class Identities:
 
     def by_ip(self, ip: IPv4Address | str) -> Node | None:
         try:
-            return self._by_ip.get(IPv4Address(ip))
+            return self._by_ip.get(int(IPv4Address(ip)))
         except ValueError:
             return None
 
@@ -49,10 +49,10 @@ class Identities:
         """A node without an address in the file (proxy mode) showed a new one: node.ip."""
         if node.config.ip is not None:
             return
-        if old is not None and self._by_ip.get(old) is node:
-            del self._by_ip[old]
+        if old is not None and self._by_ip.get(int(old)) is node:
+            del self._by_ip[int(old)]
         if node.ip is not None:
-            self._by_ip[node.ip] = node
+            self._by_ip[int(node.ip)] = node
 
     def at(self, location: Location) -> Node | None:
         return self._by_location.get(location)
