@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from ipaddress import IPv4Address
 from typing import Any
 
@@ -306,6 +306,9 @@ class BootPolicy:
         if address is None:
             return None, "unknown machine, the discovery pool is exhausted"
         server, network = self.config.server, self.config.network
+        if firmware == "ipxe":
+            loads = {"bootfile": f"{self.base_url}/boot/discover/{mac}.ipxe",
+                     "ipxe_no_pxedhcp": True}  # fmt: skip
         offer = Offer(
             address=address,
             server_id=server.address,
@@ -313,12 +316,8 @@ class BootPolicy:
             lease_time=DISCOVERY_LEASE,
             router=network.gateway,
             dns=network.dns,
+            **loads,
         )
-        if firmware == "ipxe":
-            offer.bootfile = f"{self.base_url}/boot/discover/{mac}.ipxe"
-            offer.ipxe_no_pxedhcp = True
-        else:
-            offer = replace(offer, **loads)
         return Grant(offer, pooled=True), "discovery pool"
 
     def discovery_address(self, mac: str) -> IPv4Address | None:

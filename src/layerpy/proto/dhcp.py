@@ -52,6 +52,7 @@ _HEADER = struct.Struct("!4BIHH4I16s64s128sI")
 _MAGIC = 0x63825363
 _SNAME_AT, _FILE_AT, _OPTIONS_AT = 44, 108, _HEADER.size
 _ZERO = IPv4Address(0)
+_NO_SNAME, _NO_FILE = bytes(64), bytes(128)
 _REPLY_TYPE = {DISCOVER: OFFER, REQUEST: ACK, INFORM: ACK}
 _ALWAYS_SENT = frozenset(
     (OPT_MESSAGE_TYPE, OPT_SERVER_ID, OPT_LEASE_TIME, OPT_CLIENT_ID, OPT_RELAY_AGENT)
@@ -171,7 +172,7 @@ def decode(data: bytes) -> DhcpPacket:
             _walk(data, _FILE_AT, _FILE_AT + 128, options)
         if overload[0] & 2:
             _walk(data, _SNAME_AT, _SNAME_AT + 64, options)
-    addresses = map(IPv4Address, fields[7:11])
+    addresses = (IPv4Address(n) if n else _ZERO for n in fields[7:11])  # mostly 0.0.0.0
     return DhcpPacket(*fields[:7], *addresses, *fields[11:14], options)
 
 
@@ -205,11 +206,12 @@ def encode(packet: DhcpPacket) -> bytes:
     addresses = (int(p.ciaddr), int(p.yiaddr), int(p.siaddr), int(p.giaddr))
     out = bytearray(_HEADER.pack(*fixed, *addresses, p.chaddr, p.sname, p.file, _MAGIC))
     for code, value in p.options.items():
-        for at in range(0, len(value) or 1, 255):  # an empty option is still sent once
+        if len(value) <= 255:
+            out += bytes((code, len(value))) + value
+            continue
+        for at in range(0, len(value), 255):
             chunk = value[at : at + 255]
-            out.append(code)
-            out.append(len(chunk))
-            out += chunk
+            out += bytes((code, len(chunk))) + chunk
     out.append(OPT_END)
     if len(out) < MIN_LEN:
         out += bytes(MIN_LEN - len(out))
@@ -273,18 +275,15 @@ def build_reply(request: DhcpPacket, offer: Offer, *, proxy: bool = False) -> Dh
     options.update(_echoed(request))
     _fit(options, _max_size(request))
     # A bootfile too long for the file field still reaches the client through option 67.
-    file = bootfile.ljust(128, b"\0") if len(bootfile) < 128 else bytes(128)
-    return replace(
-        request,  # keeps htype, hlen, hops, xid, flags, giaddr and chaddr (RFC 2131 table 3)
-        op=2,
-        secs=0,
-        ciaddr=_ZERO if kind == OFFER else request.ciaddr,
-        yiaddr=_ZERO if inform or proxy else offer.address,
-        siaddr=offer.next_server or _ZERO,
-        sname=bytes(64),
-        file=file,
-        options=options,
-    )
+    file = bootfile.ljust(128, b"\0") if len(bootfile) < 128 else _NO_FILE
+    r = request  # keeps htype, hlen, hops, xid, flags, giaddr and chaddr (RFC 2131 table 3)
+    return DhcpPacket(
+        2, r.htype, r.hlen, r.hops, r.xid, 0, r.flags,
+        _ZERO if kind == OFFER else r.ciaddr,
+        _ZERO if inform or proxy else offer.address,
+        offer.next_server or _ZERO,
+        r.giaddr, r.chaddr, _NO_SNAME, file, options,
+    )  # fmt: skip
 
 
 def _lease_options(offer: Offer, inform: bool) -> dict[int, bytes]:

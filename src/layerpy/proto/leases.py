@@ -64,12 +64,14 @@ class LeaseTable:
         self.clock = clock
         self.hold = hold
         self.quarantine = quarantine
-        self._leases: dict[IPv4Address, Lease] = {}  # every address ever used
-        self._by_client: dict[str, IPv4Address] = {}  # a client's current or last address
-        self._recycled: OrderedDict[IPv4Address, None] = OrderedDict()  # the FREE records
+        # Addresses are kept as ints inside: an IPv4Address hashes through hex(), which
+        # would cost more than the rest of a DISCOVER.
+        self._leases: dict[int, Lease] = {}  # every address ever used
+        self._by_client: dict[str, int] = {}  # a client's current or last address
+        self._recycled: OrderedDict[int, None] = OrderedDict()  # the FREE records
         self._cursor = int(first)  # below it, every address has a record
         self._deadlines: list[tuple[float, int]] = []  # (expires, address); stale entries too
-        self._changed: dict[IPv4Address, None] = {}  # written since the last changes()
+        self._changed: dict[int, None] = {}  # written since the last changes()
 
     @property
     def range(self) -> tuple[IPv4Address, IPv4Address]:
@@ -98,12 +100,13 @@ class LeaseTable:
         else the one free the longest; None when the pool is exhausted."""
         own = self._by_client.get(client)
         if own is not None and self._free_for(own, client):
-            return own
-        if requested is not None and requested in self and self._free_for(requested, client):
+            return self._leases[own].address
+        if requested is not None and requested in self and self._free_for(int(requested), client):
             return requested
         if self._cursor <= int(self.last):
             return IPv4Address(self._cursor)
-        return next(iter(self._recycled), None)
+        oldest = next(iter(self._recycled), None)
+        return None if oldest is None else self._leases[oldest].address
 
     def records(self) -> list[dict[str, Any]]:
         """Every lease as a plain dict (address, client, state, expires), in address order."""
@@ -159,7 +162,7 @@ class LeaseTable:
         lapsed = []
         while self._deadlines and self._deadlines[0][0] <= now:
             expires, number = heapq.heappop(self._deadlines)
-            lease = self._leases[IPv4Address(number)]
+            lease = self._leases[number]
             if lease.state != FREE and lease.expires == expires:  # else a stale entry
                 lapsed.append(replace(lease))
                 self._free(lease)
@@ -198,7 +201,7 @@ class LeaseTable:
     def _expired(self, lease: Lease) -> bool:
         return lease.expires <= self.clock()
 
-    def _free_for(self, address: IPv4Address, client: str) -> bool:
+    def _free_for(self, address: int, client: str) -> bool:
         """Nobody else holds the address (a lapsed lease holds nothing, even before expire())."""
         lease = self._leases.get(address)
         if lease is None or lease.state == FREE or self._expired(lease):
@@ -206,17 +209,18 @@ class LeaseTable:
         return lease.state != DECLINED and lease.client == client
 
     def _take(self, client: str, address: IPv4Address, state: str, seconds: float) -> Lease | None:
-        if address not in self or not self._free_for(address, client):
+        number = int(address)
+        if address not in self or not self._free_for(number, client):
             return None
         mine = self._by_client.get(client)
-        if mine is not None and mine != address:  # a client holds one address of the pool
+        if mine is not None and mine != number:  # a client holds one address of the pool
             old = self._leases[mine]
             if old.state in (OFFERED, BOUND):
                 self._free(old)
             old.client = ""
-            self._changed[old.address] = None
-        lease = self._leases.get(address)
-        if lease is not None and self._by_client.get(lease.client) == address:
+            self._changed[mine] = None
+        lease = self._leases.get(number)
+        if lease is not None and self._by_client.get(lease.client) == number:
             del self._by_client[lease.client]  # its last client loses the claim
         lease = Lease(address, client, state, self.clock() + seconds)
         self._restore(lease)
@@ -224,20 +228,23 @@ class LeaseTable:
 
     def _restore(self, lease: Lease) -> None:
         """Put a lease in place and keep the indexes true (cursor, free set, client map)."""
-        self._leases[lease.address] = lease
-        self._changed[lease.address] = None
+        number = int(lease.address)
+        self._leases[number] = lease
+        self._changed[number] = None
         if lease.client:  # each client name is in one record at most
-            self._by_client[lease.client] = lease.address
+            self._by_client[lease.client] = number
         if lease.state == FREE:
-            self._recycled[lease.address] = None
+            self._recycled[number] = None
         else:
-            self._recycled.pop(lease.address, None)
-            heapq.heappush(self._deadlines, (lease.expires, int(lease.address)))
-        while self._cursor <= int(self.last) and IPv4Address(self._cursor) in self._leases:
+            self._recycled.pop(number, None)
+            heapq.heappush(self._deadlines, (lease.expires, number))
+        last = int(self.last)
+        while self._cursor <= last and self._cursor in self._leases:
             self._cursor += 1  # each address is passed once: O(1) amortised
 
     def _free(self, lease: Lease) -> Lease:
         lease.state = FREE
-        self._recycled[lease.address] = None
-        self._changed[lease.address] = None
+        number = int(lease.address)
+        self._recycled[number] = None
+        self._changed[number] = None
         return lease
