@@ -1,0 +1,121 @@
+"""Event-loop lag with 100 000 nodes: does any periodic task hold the loop?
+
+Every DHCP answer waits for whatever holds the event loop, so no periodic task may block it
+for long. This runs layerpy's continuous work (the lifecycle engine, the BMC poller, the
+look for lost nodes, the lag probe) in-process on a node file of 100 000 nodes written as
+four groups with MAC and address ranges, and beside it the same with 4 nodes: the
+reference, which shows what the machine and asyncio's own timer granularity cost.
+
+Per size: the start (reading the file, building the server, planning every node until
+the engine has converged), then 20 s idle measured with a timer every 20 ms: how late it
+fires (lag: p50, p99, max) and how much CPU the loop's thread used while it waited (busy:
+an upper bound for anything that ran in that window, scheduling noise left out).
+
+Run: `.venv/bin/python bench/loop_lag.py [--seconds 20]`.
+"""
+
+import argparse
+import asyncio
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from layerpy.config import load
+from layerpy.server import Server
+
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+sys.path.insert(0, str(TESTS))
+
+from nodefile import BOOT_SECTIONS, write_boot_files  # noqa: E402
+
+GROUP = 25_000  # nodes per group: 100 x 250 addresses
+PROBE = 0.02  # seconds between the probe's timers
+
+
+def mac(number: int) -> str:
+    return "52:54:00:" + ":".join(f"{b:02x}" for b in number.to_bytes(3, "big"))
+
+
+def node_file(directory: Path, nodes: int) -> Path:
+    """`nodes` (4 or a multiple of 25 000) in groups of at most 25 000, a few lines each."""
+    write_boot_files(directory)
+    groups = []
+    for index in range(max(1, nodes // GROUP)):
+        size = min(nodes, GROUP)
+        second, third = 2 + index // 2, 100 * (index % 2)
+        groups.append(
+            f'[groups.g{index}]\nnodes = "g{index}n[00001-{size:05d}]"\n'
+            f'ip = "10.{second}.[{third}-{third + (size - 1) // 250}].[1-{min(size, 250)}]"\n'
+            f'mac = "{mac(index * GROUP)}-{mac(index * GROUP + size - 1)}"\npower = "on"\n'
+        )
+    path = directory / "nodes.toml"
+    path.write_text(
+        '[server]\ninterface = "bench0"\naddress = "10.3.255.253"\nstate_dir = "state"\n'
+        'dhcp_probe = 0\n\n[api]\nlisten = []\n\n[network]\nsubnet = "10.2.0.0/15"\n\n'
+        + BOOT_SECTIONS + "\n" + "\n".join(groups)
+    )  # fmt: skip
+    return path
+
+
+async def measure(path: Path, seconds: float) -> dict[str, float]:
+    started = time.perf_counter()
+    config = load(path)
+    server = Server(config)
+    work = asyncio.create_task(server.watch())
+    engine = server.lifecycle.engine
+    while engine.stats()["converged"] < len(config.nodes):
+        await asyncio.sleep(0.01)
+    start = time.perf_counter() - started
+    loop = asyncio.get_running_loop()
+    lags, busy = [], []
+    until = loop.time() + seconds
+    while loop.time() < until:
+        asked, cpu = loop.time(), time.thread_time()
+        await asyncio.sleep(PROBE)
+        lags.append(loop.time() - asked - PROBE)
+        busy.append(time.thread_time() - cpu)
+    work.cancel()
+    lags.sort()
+    busy.sort()
+    n = len(lags)
+    return {
+        "nodes": len(config.nodes),
+        "start_s": start,
+        "lag_p50": lags[n // 2] * 1000,
+        "lag_p99": lags[int(n * 0.99)] * 1000,
+        "lag_max": lags[-1] * 1000,
+        "busy_max": busy[-1] * 1000,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=20)
+    args = parser.parse_args()
+    rows = []
+    for nodes in (4, 100_000):
+        directory = Path(tempfile.mkdtemp(prefix="layerpy-lag-"))
+        try:
+            rows.append(asyncio.run(measure(node_file(directory, nodes), args.seconds)))
+        finally:
+            shutil.rmtree(directory)
+    print(f"idle {args.seconds:g} s, a timer every {PROBE * 1000:g} ms (all times in ms but start)")
+    print(
+        f"{'nodes':>8} {'start s':>8} {'lag p50':>8} {'lag p99':>8} {'lag max':>8} {'busy max':>9}"
+    )
+    for row in rows:
+        print(
+            f"{row['nodes']:>8} {row['start_s']:>8.2f} {row['lag_p50']:>8.2f} "
+            f"{row['lag_p99']:>8.2f} {row['lag_max']:>8.2f} {row['busy_max']:>9.2f}"
+        )
+    small, big = rows
+    print(
+        f"100 000 nodes vs 4: lag max {big['lag_max'] - small['lag_max']:+.2f} ms, "
+        f"busy max {big['busy_max'] - small['busy_max']:+.2f} ms"
+    )
+
+
+if __name__ == "__main__":
+    main()
