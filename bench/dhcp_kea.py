@@ -1,0 +1,526 @@
+"""DHCP under load: ISC Kea 2.2 against layerpy, same client, same network, same run.
+
+Both servers run one after the other inside a fresh pair of network namespaces joined by
+a veth (never on a host interface), the server pinned to CPU 0 and ISC perfdhcp to CPU 1.
+perfdhcp acts as a relay agent (`-l RELAY`: giaddr = RELAY, replies come back unicast to
+port 67), so no broadcast is involved and both servers pick their subnet by giaddr. It
+plays 100 000 clients (`-R`), MACs 52:54:00:00:00:00 + i: perfdhcp 2.2 counts i up from 0
+in every run (it is sequential, not random; each capture below checks it and says so).
+Two modes, each against both servers:
+
+- static: 100 000 known machines. Kea has one host reservation per MAC (no pool); layerpy
+  a node file of four groups of 25 000 with MAC ranges and host-list addresses. Machine i
+  gets the same address from both.
+- pool: unknown machines from a pool of 262 000 addresses, every lease written to disk
+  (Kea: memfile, persist, no LFC; layerpy: network.discover, leases.jsonl). Each load run
+  starts the server afresh on an empty lease file, so the clients are new to it.
+
+Both log at INFO, their default, to a file; Kea runs single-threaded, as layerpy's loop.
+Measured, per mode and server: start-up (from exec to "DHCP4_STARTED" / "layerpy.server:
+serving"), RSS after the last load run; DISCOVER->OFFER latency at 3000 DISCOVER/s for
+10 s, after a 1 s warm-up at 500/s (Kea with 100 000 reservations stalls ~30 ms on its
+first packet), from one tcpdump on the server's end of the veth (kernel timestamps at the
+same capture point for both), matched by (chaddr, xid), as p50 and p99 (static mode also
+checks each OFFER's address); then saturation, the best completed 4-way exchange rate
+perfdhcp reports over 10 s runs at rising offered rates (1000 to 12000/s).
+Run as root: `.venv/bin/python bench/dhcp_kea.py [--quick] [--mode static|pool] [--keep]`
+(--quick: 3 s runs, 3 rates; --keep: keep logs, configs and captures for a look).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from decimal import Decimal
+from itertools import pairwise
+from pathlib import Path
+
+import dpkt
+
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+sys.path.insert(0, str(TESTS))
+
+from netns import Link, Netns  # noqa: E402
+from nodefile import BOOT_SECTIONS, write_boot_files  # noqa: E402
+
+CLIENTS, PER_GROUP = 100_000, 25_000
+BASE_MAC = 0x52_54_00_00_00_00
+LATENCY_RATE = 3000
+WARM_UP = (500, 1)  # rate, seconds: first-packet costs stay out of the latency figures
+RATES, QUICK_RATES = (1000, 2000, 3000, 4000, 6000, 8000, 12000), (2000, 6000, 12000)
+SERVER_CPU, CLIENT_CPU = "0", "1"
+LEASE_TIME = 300
+LINK_IF = "lpsrv0"  # Link's name for the server's end of the veth
+POLICY = Path("/usr/sbin/policy-rc.d")
+LAYERPY = Path(sys.executable).with_name("layerpy")
+PACKAGES = {"kea-dhcp4": "kea-dhcp4-server", "perfdhcp": "kea-admin", "tcpdump": "tcpdump"}
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    subnet: str
+    prefix: int
+    server: str  # the server's end of the veth
+    relay: str  # perfdhcp's end: the giaddr of every request
+    pool: tuple[str, str] | None = None  # pool mode: addresses for unknown machines
+
+    @property
+    def fresh(self) -> bool:
+        """Each load run starts the server on an empty lease file (new clients only)."""
+        return self.pool is not None
+
+
+STATIC = Mode("static", "10.2.0.0/15", 15, "10.3.255.253", "10.3.255.254")
+POOL = Mode("pool", "10.4.0.0/14", 14, "10.7.255.253", "10.7.255.254",
+            ("10.4.0.10", "10.7.255.250"))  # fmt: skip
+
+
+def mac(index: int) -> str:
+    return ":".join(f"{byte:02x}" for byte in (BASE_MAC + index).to_bytes(6))
+
+
+def node_ip(index: int) -> str:
+    """Machine i's address in static mode: group a 10.2.[0-99].[1-250], b 10.2.[100-199],
+    c 10.3.[0-99], d 10.3.[100-199], 250 addresses per /24, in MAC order (as the host
+    lists expand)."""
+    group, i = divmod(index, PER_GROUP)
+    return f"10.{2 + group // 2}.{100 * (group % 2) + i // 250}.{i % 250 + 1}"
+
+
+# -- the servers' configurations -------------------------------------------------------------
+
+
+def kea_config(mode: Mode, interface: str, leases: Path) -> dict:
+    subnet: dict = {"id": 1, "subnet": mode.subnet}
+    if mode.pool:
+        subnet["pools"] = [{"pool": f"{mode.pool[0]} - {mode.pool[1]}"}]
+    else:
+        subnet["reservations"] = [
+            {"hw-address": mac(i), "ip-address": node_ip(i)} for i in range(CLIENTS)
+        ]
+    return {
+        "Dhcp4": {
+            # a relayed request comes unicast to the server's address: a plain UDP socket
+            "interfaces-config": {"interfaces": [interface], "dhcp-socket-type": "udp"},
+            "lease-database": {
+                "type": "memfile",
+                "persist": True,
+                "name": str(leases),
+                "lfc-interval": 0,
+            },
+            "valid-lifetime": LEASE_TIME,
+            "host-reservation-identifiers": ["hw-address"],
+            "multi-threading": {"enable-multi-threading": False},  # one CPU, as layerpy's loop
+            "subnet4": [subnet],
+            "loggers": [
+                {
+                    "name": "kea-dhcp4",
+                    "output_options": [{"output": "stdout"}],
+                    "severity": "INFO",
+                }
+            ],
+        }
+    }
+
+
+def layerpy_config(mode: Mode, interface: str) -> str:
+    text = [
+        f'[server]\ninterface = "{interface}"\naddress = "{mode.server}"\n'
+        'dhcp = "authoritative"\ndhcp_probe = 0\nstate_dir = "state"\n',
+        "[api]\nlisten = []\n",
+        f'[network]\nsubnet = "{mode.subnet}"\nlease_time = {LEASE_TIME}\n',
+    ]
+    if mode.pool:
+        text[-1] += f'pool = "{mode.pool[0]}-{mode.pool[1]}"\ndiscover = true\n'
+    text += [BOOT_SECTIONS, f'[switches.bench]\nrelay = "{mode.relay}"\n']
+    if not mode.pool:
+        for group, name in enumerate("abcd"):
+            first, third = group * PER_GROUP, 100 * (group % 2)
+            text.append(
+                f'[groups.{name}]\nnodes = "{name}[00001-{PER_GROUP}]"\n'
+                f'ip = "10.{2 + group // 2}.[{third}-{third + 99}].[1-250]"\n'
+                f'mac = "{mac(first)}-{mac(first + PER_GROUP - 1)}"\npower = "on"\n'
+            )
+    return "\n".join(text)
+
+
+# -- installing and running --------------------------------------------------------------------
+
+
+def ensure_tools() -> None:
+    """Install what is missing, with policy-rc.d forbidding any package to start a service,
+    and leave Kea's service disabled (it is only ever run here, by hand, in a namespace)."""
+    missing = sorted({pkg for tool, pkg in PACKAGES.items() if not shutil.which(tool)})
+    if missing:
+        if not POLICY.exists():
+            POLICY.write_text("#!/bin/sh\nexit 101\n")
+            POLICY.chmod(0o755)
+        if subprocess.run([str(POLICY)]).returncode != 101:
+            sys.exit(f"{POLICY} does not exit 101; refusing to install a service")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "install", "-y", *missing], check=True, env=env)
+    if shutil.which("systemctl"):  # disables it even where systemd does not run (no --now then)
+        cmd = ["systemctl", "disable", "--now", "kea-dhcp4-server"]
+        subprocess.run(cmd, capture_output=True, check=False)
+
+
+@dataclass
+class Server:
+    """One running server: its process (the server itself: ip and taskset exec it)."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    started: float  # seconds from exec to ready
+
+    def rss_mb(self) -> float:
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        kib = int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M).group(1))  # type: ignore[union-attr]
+        return kib / 1024
+
+    def alive(self) -> None:
+        if self.proc.poll() is not None:
+            sys.exit(f"{self.name} died (exit {self.proc.returncode}); see {self.log}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def start(ns: Netns, name: str, argv: list[str], log: Path, ready: str, **kwargs) -> Server:
+    """Start a server pinned to SERVER_CPU, logging to `log`; return once it says `ready`."""
+    with log.open("ab") as out:
+        began = time.monotonic()
+        proc = ns.popen(["taskset", "-c", SERVER_CPU, *argv], stdout=out, stderr=out, **kwargs)
+    deadline, seen = began + 300, log.stat().st_size
+    while True:
+        with log.open("rb") as text:
+            text.seek(seen)
+            if ready.encode() in text.read():
+                return Server(name, proc, log, time.monotonic() - began)
+        if proc.poll() is not None or time.monotonic() > deadline:
+            tail = log.read_text(errors="replace")[-2000:]
+            sys.exit(f"{name} did not start (exit {proc.poll()}):\n{tail}")
+        time.sleep(0.01)
+
+
+def start_kea(ns: Netns, mode: Mode, tmp: Path) -> Server:
+    leases = tmp / "kea-leases4.csv"
+    for old in tmp.glob("kea-leases4.csv*"):
+        old.unlink()
+    conf = tmp / "kea.json"
+    if not conf.exists():
+        conf.write_text(json.dumps(kea_config(mode, LINK_IF, leases), indent=1))
+    env = {**os.environ, "KEA_LOCKFILE_DIR": str(tmp), "KEA_PIDFILE_DIR": str(tmp)}
+    argv = ["kea-dhcp4", "-c", str(conf)]
+    return start(ns, "kea", argv, tmp / "kea.log", "DHCP4_STARTED", env=env)
+
+
+def start_layerpy(ns: Netns, mode: Mode, tmp: Path) -> Server:
+    conf = tmp / "nodes.toml"
+    if not conf.exists():
+        write_boot_files(tmp)
+        conf.write_text(layerpy_config(mode, LINK_IF))
+        checked = ns.run(str(LAYERPY), "check", "-c", str(conf), check=False, timeout=600)
+        if checked.returncode:
+            sys.exit(f"layerpy check refused {conf}:\n{checked.stdout[-3000:]}{checked.stderr}")
+    state = tmp / "state"
+    shutil.rmtree(state, ignore_errors=True)  # a fresh start: no leases, no bindings
+    argv = [str(LAYERPY), "serve", "-c", str(conf)]
+    return start(ns, "layerpy", argv, tmp / "layerpy.log", "layerpy.server: serving")
+
+
+STARTERS = {"kea": start_kea, "layerpy": start_layerpy}
+
+
+# -- load and measurement ----------------------------------------------------------------------
+
+
+@dataclass
+class Load:
+    """What perfdhcp reports for one run."""
+
+    offered: int  # the rate asked for
+    seconds: float
+    rate: float  # completed 4-way exchanges per second
+    discovers: int
+    offers: int
+    acks: int
+
+    @property
+    def sent_rate(self) -> float:
+        return self.discovers / self.seconds
+
+    @property
+    def drop_pct(self) -> float:
+        """DISCOVERs whose 4-way exchange did not complete."""
+        return 100 * (1 - self.acks / self.discovers) if self.discovers else 100.0
+
+
+def perfdhcp(link: Link, mode: Mode, rate: int, seconds: float) -> Load:
+    argv = [
+        "taskset", "-c", CLIENT_CPU, "perfdhcp", "-4", "-l", mode.relay,
+        "-r", str(rate), "-p", str(seconds), "-R", str(CLIENTS),
+        "-b", f"mac={mac(0)}", mode.server,
+    ]  # fmt: skip
+    done = link.client.run(*argv, check=False, timeout=seconds + 60)
+    if done.returncode not in (0, 3):  # 3: some exchanges did not complete
+        sys.exit(f"perfdhcp failed ({done.returncode}):\n{done.stdout}{done.stderr}")
+    out = done.stdout
+    found = re.search(r"Rate: ([\d.]+) 4-way exchanges/second", out)
+    sections = re.findall(
+        r"Statistics for: ([\w-]+)\*+\nsent packets: (\d+)\nreceived packets: (\d+)", out
+    )
+    counts = {name: (int(sent), int(received)) for name, sent, received in sections}
+    if found is None or set(counts) != {"DISCOVER-OFFER", "REQUEST-ACK"}:
+        sys.exit(f"cannot read perfdhcp's report:\n{out}")
+    discovers, offers = counts["DISCOVER-OFFER"]
+    acks = counts["REQUEST-ACK"][1]
+    return Load(rate, seconds, float(found.group(1)), discovers, offers, acks)
+
+
+@dataclass
+class Latency:
+    discovers: int = 0
+    matched: int = 0
+    p50_ms: float = float("nan")
+    p99_ms: float = float("nan")
+    kernel_drops: str = "?"
+    wrong: int = 0  # static mode: OFFERs whose yiaddr is not the machine's address
+    macs: str = ""  # what the capture shows of perfdhcp's MACs
+    delays: list[float] = field(default_factory=list, repr=False)
+
+
+def capture(link: Link, mode: Mode, pcap: Path, seconds: float) -> tuple[Load, Latency]:
+    """perfdhcp at LATENCY_RATE while tcpdump records port 67 on the server's veth."""
+    err = pcap.with_name(f"{pcap.stem}-tcpdump.txt")
+    argv = [
+        "taskset", "-c", CLIENT_CPU, "tcpdump", "-i", LINK_IF, "-n", "-s", "0", "-Z", "root",
+        "-B", "32768", "--time-stamp-precision", "nano", "-w", str(pcap), "udp port 67",
+    ]  # fmt: skip
+    with err.open("wb") as out:
+        dump = link.server.popen(argv, stdout=subprocess.DEVNULL, stderr=out)
+    deadline = time.monotonic() + 10
+    while b"listening on" not in err.read_bytes():
+        if dump.poll() is not None or time.monotonic() > deadline:
+            sys.exit(f"tcpdump did not start: {err.read_text()}")
+        time.sleep(0.01)
+    try:
+        load = perfdhcp(link, mode, LATENCY_RATE, seconds)
+        time.sleep(1.5)  # tcpdump hands packets over per block, at least once a second
+    finally:
+        if dump.poll() is None:
+            os.killpg(dump.pid, signal.SIGINT)
+        dump.wait(10)
+    latency = delays(pcap, mode.pool is None)
+    found = re.search(r"(\d+) packets? dropped by kernel", err.read_text())
+    latency.kernel_drops = found.group(1) if found else "?"
+    return load, latency
+
+
+def delays(pcap: Path, static: bool) -> Latency:
+    """DISCOVER in to OFFER out per (chaddr, xid), from the capture's kernel timestamps;
+    also what the DISCOVERs show of perfdhcp's MACs, and (static) whether each OFFER
+    carries the machine's own address."""
+    asked: dict[bytes, Decimal] = {}  # dpkt gives nanosecond stamps as Decimal
+    order: list[int] = []
+    result = Latency()
+    with pcap.open("rb") as f:
+        for stamp, frame in dpkt.pcap.Reader(f):
+            ip = 14  # Ethernet
+            udp = ip + (frame[ip] & 0x0F) * 4
+            dhcp = frame[udp + 8 :]
+            kind = message_type(dhcp)
+            key = dhcp[4:8] + dhcp[28:34]  # xid, chaddr
+            if dhcp[0] == 1 and kind == 1:
+                asked.setdefault(key, stamp)
+                order.append(int.from_bytes(dhcp[28:34]) - BASE_MAC)
+            elif dhcp[0] == 2 and kind == 2 and key in asked:
+                result.delays.append(float(stamp - asked.pop(key)))
+                index = int.from_bytes(dhcp[28:34]) - BASE_MAC
+                if static and socket.inet_ntoa(dhcp[16:20]) != node_ip(index):
+                    result.wrong += 1
+    result.discovers, result.matched = len(order), len(result.delays)
+    if result.delays:
+        ranked = sorted(result.delays)
+        result.p50_ms = 1000 * ranked[len(ranked) // 2]
+        result.p99_ms = 1000 * ranked[min(len(ranked) - 1, int(len(ranked) * 0.99))]
+    if order:
+        steps = sum(b == (a + 1) % CLIENTS for a, b in pairwise(order))
+        inside = all(0 <= i < CLIENTS for i in order)
+        result.macs = (
+            f"MAC index {min(order)}..{max(order)} ({len(set(order))} distinct, "
+            f"{'all' if inside else 'NOT all'} in [0, {CLIENTS})), "
+            f"{steps} of {len(order) - 1} consecutive DISCOVERs step by +1"
+        )
+    return result
+
+
+def message_type(dhcp: bytes) -> int | None:
+    """Option 53 of a DHCP message (options start after the magic cookie at 236)."""
+    at = 240
+    while at < len(dhcp) - 1:
+        code = dhcp[at]
+        if code == 255:
+            return None
+        if code == 0:
+            at += 1
+            continue
+        if code == 53:
+            return dhcp[at + 2]
+        at += 2 + dhcp[at + 1]
+    return None
+
+
+@dataclass
+class Result:
+    startup: float = 0.0
+    rss_mb: float = 0.0
+    steps: list[Load] = field(default_factory=list)
+    at_rate: Load | None = None
+    latency: Latency | None = None
+    problems: list[str] = field(default_factory=list)
+    on_disk: int = 0  # lease records in the server's file after the last run
+
+    @property
+    def saturation(self) -> float:
+        return max((step.rate for step in self.steps), default=0.0)
+
+
+def bench(
+    link: Link, mode: Mode, name: str, tmp: Path, rates: tuple[int, ...], seconds: float
+) -> Result:
+    starter = STARTERS[name]
+    result = Result()
+    server = starter(link.server, mode, tmp)
+    result.startup = server.started
+    print(f"  {name}: ready in {server.started:.2f} s", flush=True)
+    try:
+        perfdhcp(link, mode, *WARM_UP)
+        result.at_rate, result.latency = capture(link, mode, tmp / f"{name}.pcap", seconds)
+        server.alive()
+        lat = result.latency
+        print(
+            f"  {name}: {LATENCY_RATE}/s -> {result.at_rate.rate:.0f}/s completed, "
+            f"DISCOVER->OFFER p50 {lat.p50_ms:.3f} ms p99 {lat.p99_ms:.3f} ms "
+            f"({lat.matched} of {lat.discovers} matched, tcpdump kernel drops {lat.kernel_drops})"
+            + (f", {lat.wrong} OFFERs with the wrong address" if mode.pool is None else ""),
+            flush=True,
+        )
+        print(f"  {name}: perfdhcp {lat.macs}", flush=True)
+        for rate in rates:
+            if mode.fresh:
+                server.stop()
+                server = starter(link.server, mode, tmp)
+            load = perfdhcp(link, mode, rate, seconds)
+            server.alive()
+            result.steps.append(load)
+            print(
+                f"  {name}: offered {rate:>6}/s sent {load.sent_rate:>8.0f}/s "
+                f"completed {load.rate:>8.0f}/s drops {load.drop_pct:5.1f} %",
+                flush=True,
+            )
+        result.rss_mb = server.rss_mb()
+    finally:
+        server.stop()
+    result.on_disk = lease_records(name, tmp)
+    print(f"  {name}: {result.on_disk} lease records on disk after the last run", flush=True)
+    result.problems = problems(server.log)
+    return result
+
+
+def lease_records(name: str, tmp: Path) -> int:
+    """Lines in the server's lease file (Kea's CSV less its header, layerpy's journal)."""
+    path = tmp / "kea-leases4.csv" if name == "kea" else tmp / "state" / "leases.jsonl"
+    if not path.exists():
+        return 0
+    lines = path.read_bytes().count(b"\n")
+    return lines - 1 if name == "kea" else lines
+
+
+def problems(log: Path) -> list[str]:
+    """The distinct lines of a server's log at WARNING or worse, with how often each came
+    (both servers print the level; a time stamp and Kea's thread id are left out)."""
+    seen: dict[str, int] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        found = re.search(r" (WARN|WARNING|ERROR|CRITICAL|FATAL) +(.*)", line)
+        if found and "DHCP4_MULTI_THREADING_INFO" not in line:  # Kea says so at WARN
+            text = re.sub(r"/\d+\.\d+\]", "]", f"{found.group(1)} {found.group(2)}")
+            seen[text] = seen.get(text, 0) + 1
+    return [f"{count}x {text}" for text, count in seen.items()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="3 s runs and 3 rates")
+    parser.add_argument("--mode", choices=("static", "pool"), help="only this mode")
+    parser.add_argument("--keep", action="store_true", help="keep logs, configs and captures")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("run as root: namespaces, tcpdump and port 67")
+    seconds, rates = (3, QUICK_RATES) if args.quick else (10, RATES)
+    ensure_tools()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that teardown runs
+    began = time.monotonic()
+    results: dict[tuple[str, str], Result] = {}
+    modes = [mode for mode in (STATIC, POOL) if args.mode in (None, mode.name)]
+    tmpdir = Path(tempfile.mkdtemp(prefix="lpbench-"))
+    if args.keep:
+        print(f"logs, configs and captures stay in {tmpdir}")
+    try:
+        for mode in modes:
+            print(f"{mode.name}: subnet {mode.subnet}, relay {mode.relay}", flush=True)
+            link = Link(f"{mode.server}/{mode.prefix}", f"{mode.relay}/{mode.prefix}")
+            try:
+                for name in STARTERS:
+                    tmp = tmpdir / f"{mode.name}-{name}"
+                    tmp.mkdir()
+                    results[mode.name, name] = bench(link, mode, name, tmp, rates, seconds)
+            finally:
+                link.close()
+    finally:
+        if not args.keep:
+            shutil.rmtree(tmpdir)
+    report(results, seconds, time.monotonic() - began)
+
+
+def report(results: dict[tuple[str, str], Result], seconds: float, took: float) -> None:
+    print(f"\n{seconds:g} s per run; latency at {LATENCY_RATE} DISCOVER/s; took {took:.0f} s")
+    head = f"{'mode':7} {'server':8} {'start-up s':>10} {'RSS MB':>7} {'saturation/s':>12}"
+    print(f"{head} {'p50 ms':>7} {'p99 ms':>7} {'matched':>13}")
+    for (mode, name), r in results.items():
+        lat = r.latency or Latency()
+        print(
+            f"{mode:7} {name:8} {r.startup:10.2f} {r.rss_mb:7.1f} {r.saturation:12.0f} "
+            f"{lat.p50_ms:7.3f} {lat.p99_ms:7.3f} {f'{lat.matched}/{lat.discovers}':>13}"
+        )
+    for mode in dict.fromkeys(m for m, _ in results):
+        ours, theirs = results[mode, "layerpy"], results[mode, "kea"]
+        sat = ours.saturation / theirs.saturation if theirs.saturation else float("nan")
+        p99 = (ours.latency or Latency()).p99_ms / (theirs.latency or Latency()).p99_ms
+        print(f"{mode}: layerpy/Kea saturation {sat:.2f}x, p99 latency {p99:.2f}x")
+    for (mode, name), r in results.items():
+        if r.problems:
+            print(f"{mode} {name}: {len(r.problems)} warning/error line(s) in its log, e.g.:")
+            for line in r.problems[:5]:
+                print(f"    {line}")
+
+
+if __name__ == "__main__":
+    main()
