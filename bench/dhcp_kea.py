@@ -502,14 +502,25 @@ def main() -> None:
 
 def report(results: dict[tuple[str, str], Result], seconds: float, took: float) -> None:
     print(f"\n{seconds:g} s per run; latency at {LATENCY_RATE} DISCOVER/s; took {took:.0f} s")
-    head = f"{'mode':7} {'server':8} {'start-up s':>10} {'RSS MB':>7} {'saturation/s':>12}"
-    print(f"{head} {'p50 ms':>7} {'p99 ms':>7} {'matched':>13}")
+    print(
+        f"{'mode':7} {'server':8} {'start-up s':>10} {'RSS MB':>7} {'saturation/s':>12} "
+        f"{'(offered)':>9} {'p50 ms':>8} {'p99 ms':>8} {'matched':>13}"
+    )
+    overloaded = False
     for (mode, name), r in results.items():
         lat = r.latency or Latency()
+        best = max(r.steps, key=lambda step: step.rate, default=None)
+        mark = " "
+        if r.at_rate is not None and r.at_rate.drop_pct > 1:
+            mark, overloaded = "*", True
         print(
             f"{mode:7} {name:8} {r.startup:10.2f} {r.rss_mb:7.1f} {r.saturation:12.0f} "
-            f"{lat.p50_ms:7.3f} {lat.p99_ms:7.3f} {f'{lat.matched}/{lat.discovers}':>13}"
+            f"{f'({best.offered})' if best else '':>9} {lat.p50_ms:7.3f}{mark} "
+            f"{lat.p99_ms:7.3f}{mark} {f'{lat.matched}/{lat.discovers}':>13}"
         )
+    if overloaded:
+        print(f"* over capacity at {LATENCY_RATE}/s: more than 1 % of its exchanges were lost,")
+        print("  so its latency is mostly time spent queueing")
     for mode in dict.fromkeys(m for m, _ in results):
         ours, theirs = results[mode, "layerpy"], results[mode, "kea"]
         sat = ours.saturation / theirs.saturation if theirs.saturation else float("nan")
@@ -517,8 +528,8 @@ def report(results: dict[tuple[str, str], Result], seconds: float, took: float) 
         print(f"{mode}: layerpy/Kea saturation {sat:.2f}x, p99 latency {p99:.2f}x")
     for (mode, name), r in results.items():
         if r.problems:
-            print(f"{mode} {name}: {len(r.problems)} warning/error line(s) in its log, e.g.:")
-            for line in r.problems[:5]:
+            print(f"{mode} {name}: warnings and errors in its log:")
+            for line in r.problems[:10]:
                 print(f"    {line}")
 
 
