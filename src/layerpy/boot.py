@@ -243,8 +243,8 @@ class BootPolicy:
         else:
             before = table.lease_of(client)
             lease = self._taken(effect, table.commit(client, address, effect.lease_time))
-            if lease is not None and (before is None or before.state != BOUND):
-                log.info("%s: discovery lease %s for %d s", client, address, effect.lease_time)
+            if lease is not None and (before is None or before.state != BOUND):  # per client:
+                log.debug("%s: discovery lease %s for %d s", client, address, effect.lease_time)
 
     @staticmethod
     def _taken(effect: Effect, lease: Lease | None) -> Lease | None:

@@ -114,9 +114,13 @@ def serve(config_path: Path, debug: bool, state_dir: Path | None) -> None:
         sys.exit(1)
 
 
+SHOWN = 50  # nodes `layerpy check` lists (a table of 100 000 rows takes a minute)
+
+
 @main.command()
 @CONFIG_OPTION
-def check(config_path: Path) -> None:
+@click.option("--all", "show_all", is_flag=True, help=f"List every node, not the first {SHOWN}.")
+def check(config_path: Path, show_all: bool) -> None:
     """Validate the node file and summarise it; exit 2 on any problem."""
     config = _load_or_exit(config_path)
     server, network = config.server, config.network
@@ -132,9 +136,12 @@ def check(config_path: Path) -> None:
     console.print(f"  minos    {config.minos.kernel} + {config.minos.initrd}")
     console.print(f"  nodes    {len(config.nodes)} in {len(groups)} group(s) {', '.join(groups)}")
     table = Table("node", "group", "ip", "mac")
-    for node in config.nodes.values():
+    nodes = list(config.nodes.values())
+    for node in nodes if show_all else nodes[:SHOWN]:
         _row(table, node.name, node.group or "-", node.ip or "(site DHCP)", node.mac or "-")
     console.print(table)
+    if len(nodes) > SHOWN and not show_all:
+        console.print(f"  … and {len(nodes) - SHOWN} more (layerpy check --all lists them)")
 
 
 @main.command()

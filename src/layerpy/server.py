@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 from dataclasses import replace
@@ -46,6 +47,7 @@ class Server:
     def __init__(self, config: Config, *, state_dir: Path | None = None) -> None:
         self.state_dir = state_dir
         config = self._with_overrides(config)
+        _private_directory(config.server.state_dir)  # before anything makes it, 0755
         self.stats = Stats()
         self.nodes = NodeStore(config)
         self.catalog = Catalog(ImageStore(config.server.state_dir / "images"), self.nodes.feed)
@@ -77,9 +79,11 @@ class Server:
                 problem = f"{config.path}: [{section}] changed; restart layerpy serve to apply it"
                 log.error("reload refused, the running configuration stays: %s", problem)
                 raise ReloadRefused([problem])
+        gc.unfreeze()  # the old file's objects may be garbage now
         added, removed, changed = self.nodes.apply(config)
         self.catalog.sync(config)
         await self.lifecycle.applied(config, added, removed, changed)
+        _settle_heap()
         log.info(
             "reloaded %s: %d nodes, added %s, removed %s, changed %s", config.path,
             len(config.nodes), _names(added), _names(removed), _names(changed),
@@ -88,7 +92,6 @@ class Server:
 
     async def start(self) -> None:
         server = self.config.server
-        _private_directory(server.state_dir)
         admission = listeners.Admission(
             total=max(64, listeners.raise_fd_limit() - listeners.SPARE_FDS),
             on_refused=lambda: self.stats.count("http", "refused", ok=False),
@@ -258,6 +261,14 @@ class _Detach:
         self.logger.removeFilter(self.filter)
 
 
+def _settle_heap() -> None:
+    """The node file's objects live as long as the file: out of the collector's way. A
+    full collection walks every tracked object, and with 100 000 nodes it held the event
+    loop (and every DHCP answer) for 160 ms; frozen ones are skipped."""
+    gc.collect()
+    gc.freeze()
+
+
 def _private_directory(path: Path) -> None:
     """The state directory holds tokens: its owner's alone (0700)."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -305,6 +316,7 @@ async def serve(config: Config, *, state_dir: Path | None = None) -> None:
         if starting.cancelled():
             return
         raise
+    _settle_heap()
     log.info("serving %d nodes from %s", len(config.nodes), config.path)
     watcher = asyncio.create_task(server.watch())
     try:

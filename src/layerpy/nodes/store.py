@@ -22,6 +22,7 @@ from ipaddress import IPv4Address
 from typing import Any
 
 from layerpy.config import Config
+from layerpy.logs import Throttle
 from layerpy.model import Boot, Busy, ImageState, Node, Phase, PowerState, RunState
 from layerpy.nodes.discovery import DISCOVERY, Discovery
 from layerpy.nodes.feed import ChangeFeed
@@ -30,6 +31,7 @@ from layerpy.nodes.identity import Identities, Location
 from layerpy.proto.agent import ContractError, Event, Identity, ProtocolMismatch, Report
 
 log = logging.getLogger("layerpy.nodes")
+quiet = Throttle(log)  # what the boot network can cause at will: a few lines a minute
 
 TOKENS = "boots.json"
 ALIVE = (RunState.INIT, RunState.READY)
@@ -141,7 +143,10 @@ class NodeStore:
         machine.requests += 1
         if new:
             machine.firmware, machine.vendor_class = firmware, vendor_class
-            log.info("%s: unknown machine asks to boot (%s)", mac, firmware)
+            # one budget for all: a thousand made-up MACs are a few lines, not a thousand
+            # (GET /api/v1/unknown lists every one)
+            quiet.log("unknown machines", logging.INFO, "%s: unknown machine asks to boot (%s)",
+                      mac, firmware)  # fmt: skip
 
     def saw_mac(self, node: Node, mac: str) -> None:
         self._set(node, mac=mac)
