@@ -23,7 +23,7 @@ from layerpy.nodes import DISCOVERY, NodeStore
 from layerpy.proto.agent import Cmdline
 from layerpy.proto.dhcp import DISCOVER, OPT_VENDOR_CLASS, DhcpPacket, Offer
 from layerpy.proto.dhcp_server import Action, Effect, Grant
-from layerpy.proto.leases import BOUND, Lease, LeaseTable
+from layerpy.proto.leases import BOUND, OFFERED, Lease, LeaseTable
 
 log = logging.getLogger("layerpy.dhcp")
 quiet = Throttle(log)  # what a client causes on every retry: a few lines a minute
@@ -165,11 +165,13 @@ class BootPolicy:
 
     def _persist(self) -> None:
         """Journal what the pool table wrote (raises OSError: then nothing may be answered
-        as if it were kept); rewrite the journal when it is mostly dead lines."""
+        as if it were kept); rewrite the journal when it is mostly dead lines. An offer is
+        no promise (the REQUEST may still be NAKed), so it is not written: half the writes,
+        and a restart forgets only offers, as Kea does."""
         table = self._leases
         if table is None:
             return
-        self._journal.append(table.changes())
+        self._journal.append(r for r in table.changes() if r["state"] != OFFERED)
         if self._journal.crowded(len(table)):
             self._journal.rewrite(table.records())
 
