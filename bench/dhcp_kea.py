@@ -52,6 +52,7 @@ sys.path.insert(0, str(TESTS))
 
 from netns import Link, Netns  # noqa: E402
 from nodefile import BOOT_SECTIONS, write_boot_files  # noqa: E402
+from packages import install_missing  # noqa: E402
 
 CLIENTS, PER_GROUP = 100_000, 25_000
 BASE_MAC = 0x52_54_00_00_00_00
@@ -61,7 +62,6 @@ RATES, QUICK_RATES = (1000, 2000, 3000, 4000, 6000, 8000, 12000), (2000, 6000, 1
 SERVER_CPU, CLIENT_CPU = "0", "1"
 LEASE_TIME = 300
 LINK_IF = "lpsrv0"  # Link's name for the server's end of the veth
-POLICY = Path("/usr/sbin/policy-rc.d")
 LAYERPY = Path(sys.executable).with_name("layerpy")
 PACKAGES = {"kea-dhcp4": "kea-dhcp4-server", "perfdhcp": "kea-admin", "tcpdump": "tcpdump"}
 
@@ -161,15 +161,7 @@ def layerpy_config(mode: Mode, interface: str) -> str:
 def ensure_tools() -> None:
     """Install what is missing, with policy-rc.d forbidding any package to start a service,
     and leave Kea's service disabled (it is only ever run here, by hand, in a namespace)."""
-    missing = sorted({pkg for tool, pkg in PACKAGES.items() if not shutil.which(tool)})
-    if missing:
-        if not POLICY.exists():
-            POLICY.write_text("#!/bin/sh\nexit 101\n")
-            POLICY.chmod(0o755)
-        if subprocess.run([str(POLICY)]).returncode != 101:
-            sys.exit(f"{POLICY} does not exit 101; refusing to install a service")
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "install", "-y", *missing], check=True, env=env)
+    install_missing(PACKAGES)
     if shutil.which("systemctl"):  # disables it even where systemd does not run (no --now then)
         cmd = ["systemctl", "disable", "--now", "kea-dhcp4-server"]
         subprocess.run(cmd, capture_output=True, check=False)

@@ -9,7 +9,6 @@ Run as root: `.venv/bin/python bench/tftp.py [RUNS]`.
 
 import hashlib
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -21,22 +20,9 @@ TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
 
 from netns import Link, Netns  # noqa: E402
+from packages import install_missing  # noqa: E402
 
 SERVER, SIZE, BLKSIZE = "10.77.0.1", 8 * 1024 * 1024, "1468"
-POLICY = Path("/usr/sbin/policy-rc.d")
-
-
-def ensure_tftpd() -> None:
-    """Install tftpd-hpa if needed, with policy-rc.d forbidding the package to start it."""
-    if shutil.which("in.tftpd"):
-        return
-    if not POLICY.exists():
-        POLICY.write_text("#!/bin/sh\nexit 101\n")
-        POLICY.chmod(0o755)
-    if subprocess.run([str(POLICY)]).returncode != 101:
-        sys.exit(f"{POLICY} does not exit 101; refusing to install a service")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "install", "-y", "tftpd-hpa"], check=True, env=env)
 
 
 def wait_ready(ns: Netns, url: str) -> None:
@@ -48,7 +34,7 @@ def wait_ready(ns: Netns, url: str) -> None:
 
 
 def main(runs: int) -> None:
-    ensure_tftpd()
+    install_missing({"in.tftpd": "tftpd-hpa"})
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "root"
         root.mkdir(mode=0o755)  # in.tftpd reads as "nobody"
