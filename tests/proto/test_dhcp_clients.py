@@ -336,8 +336,9 @@ def test_an_authoritative_server_refuses_to_start_beside_another(
     assert refused.returncode == 1
     assert (
         f"layerpy serve: another DHCP server answers on {link.server_if}: 10.77.0.2; two "
-        "servers would hand out conflicting addresses. Stop it, or set [server] other_dhcp = "
-        '"expected" in the node file if it is meant to be'
+        'servers would hand out conflicting addresses. Stop it, set [server] dhcp = "proxy" '
+        'to boot nodes beside it, or set [server] other_dhcp = "expected" in the node file '
+        "if it is meant to be"
     ) in refused.stderr
     text = config.path.read_text().replace("[server]\n", '[server]\nother_dhcp = "expected"\n')
     config.path.write_text(text)
