@@ -21,7 +21,7 @@ from layerpy.logs import Throttle
 from layerpy.model import Node, Phase
 from layerpy.nodes import DISCOVERY, NodeStore
 from layerpy.proto.agent import Cmdline
-from layerpy.proto.dhcp import DISCOVER, OPT_VENDOR_CLASS, DhcpPacket, Offer
+from layerpy.proto.dhcp import ANY, DISCOVER, OPT_VENDOR_CLASS, DhcpPacket, Offer
 from layerpy.proto.dhcp_server import Action, Effect, Grant
 from layerpy.proto.leases import BOUND, OFFERED, Lease, LeaseTable
 
@@ -341,7 +341,7 @@ class BootPolicy:
             if server.dhcp == "proxy":  # iPXE takes a ProxyDHCP ACK only if it names one
                 loads["next_server"] = server.address
         return Offer(
-            address=node.config.ip or IPv4Address(0),
+            address=node.config.ip or ANY,
             server_id=server.address,
             subnet_mask=network.subnet.netmask,
             lease_time=network.lease_time,

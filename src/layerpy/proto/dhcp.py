@@ -51,7 +51,7 @@ IP_UDP_OVERHEAD = 28
 _HEADER = struct.Struct("!4BIHH4I16s64s128sI")
 _MAGIC = 0x63825363
 _SNAME_AT, _FILE_AT, _OPTIONS_AT = 44, 108, _HEADER.size
-_ZERO = IPv4Address(0)
+ANY = IPv4Address(0)  # 0.0.0.0: no address (yet)
 _NO_SNAME, _NO_FILE = bytes(64), bytes(128)
 _REPLY_TYPE = {DISCOVER: OFFER, REQUEST: ACK, INFORM: ACK}
 _ALWAYS_SENT = frozenset(
@@ -172,7 +172,7 @@ def decode(data: bytes) -> DhcpPacket:
             _walk(data, _FILE_AT, _FILE_AT + 128, options)
         if overload[0] & 2:
             _walk(data, _SNAME_AT, _SNAME_AT + 64, options)
-    addresses = (IPv4Address(n) if n else _ZERO for n in fields[7:11])  # mostly 0.0.0.0
+    addresses = (IPv4Address(n) if n else ANY for n in fields[7:11])  # mostly 0.0.0.0
     return DhcpPacket(*fields[:7], *addresses, *fields[11:14], options)
 
 
@@ -279,9 +279,9 @@ def build_reply(request: DhcpPacket, offer: Offer, *, proxy: bool = False) -> Dh
     r = request  # keeps htype, hlen, hops, xid, flags, giaddr and chaddr (RFC 2131 table 3)
     return DhcpPacket(
         2, r.htype, r.hlen, r.hops, r.xid, 0, r.flags,
-        _ZERO if kind == OFFER else r.ciaddr,
-        _ZERO if inform or proxy else offer.address,
-        offer.next_server or _ZERO,
+        ANY if kind == OFFER else r.ciaddr,
+        ANY if inform or proxy else offer.address,
+        offer.next_server or ANY,
         r.giaddr, r.chaddr, _NO_SNAME, file, options,
     )  # fmt: skip
 
@@ -319,9 +319,9 @@ def build_nak(
         op=2,
         secs=0,
         flags=flags,
-        ciaddr=_ZERO,
-        yiaddr=_ZERO,
-        siaddr=_ZERO,
+        ciaddr=ANY,
+        yiaddr=ANY,
+        siaddr=ANY,
         sname=bytes(64),
         file=bytes(128),
         options=options,

@@ -15,6 +15,7 @@ from ipaddress import IPv4Address, IPv4Network
 
 from layerpy.proto.dhcp import (
     ACK,
+    ANY,
     BROADCAST_FLAG,
     DECLINE,
     DISCOVER,
@@ -32,7 +33,6 @@ from layerpy.proto.dhcp import (
 )
 
 BOOTREQUEST = 1
-_ANY = IPv4Address(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +232,7 @@ def probe(xid: int, chaddr: bytes) -> DhcpPacket:
     OFFER comes back as a broadcast): whoever answers it is a DHCP server on this segment."""
     return DhcpPacket(
         op=1, htype=1, hlen=6, hops=0, xid=xid, secs=0, flags=BROADCAST_FLAG,
-        ciaddr=_ANY, yiaddr=_ANY, siaddr=_ANY, giaddr=_ANY,
+        ciaddr=ANY, yiaddr=ANY, siaddr=ANY, giaddr=ANY,
         chaddr=chaddr.ljust(16, b"\0"), sname=bytes(64), file=bytes(128),
         options={OPT_MESSAGE_TYPE: bytes((DISCOVER,))},
     )  # fmt: skip

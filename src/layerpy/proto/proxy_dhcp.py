@@ -10,9 +10,15 @@ server's business and gets silence here.
 from __future__ import annotations
 
 from dataclasses import replace
-from ipaddress import IPv4Address
 
-from layerpy.proto.dhcp import DISCOVER, REQUEST, DhcpPacket, build_reply, reply_destination
+from layerpy.proto.dhcp import (
+    ANY,
+    DISCOVER,
+    REQUEST,
+    DhcpPacket,
+    build_reply,
+    reply_destination,
+)
 from layerpy.proto.dhcp_server import (
     Action,
     Decision,
@@ -23,7 +29,6 @@ from layerpy.proto.dhcp_server import (
 )
 
 BOOT_SERVER_PORT = 4011
-_ANY = IPv4Address(0)
 
 
 def decide(
@@ -50,7 +55,7 @@ def decide(
         return _silent("for the site's DHCP server", routine=True)
     reply = build_reply(request, grant.offer, proxy=True)
     if request.is_ipxe:  # no boot server named: iPXE then asks on 4011, from its address
-        reply = replace(reply, siaddr=_ANY)
+        reply = replace(reply, siaddr=ANY)
     return Decision(reply, reply_destination(request, reply), "proxy offer")
 
 

@@ -191,6 +191,7 @@ async def start_dhcp(
 
 
 def _listening_socket(interface: str, port: int) -> socket.socket:
+    """A non-blocking UDP socket on `port` of `interface` alone, allowed to broadcast."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -212,14 +213,9 @@ async def other_servers(interface: str, own: IPv4Address, seconds: float) -> lis
     out). Raises OSError when it cannot listen (port 68 taken by a DHCP client here)."""
     xid = int.from_bytes(os.urandom(4))
     request = dhcp.encode(probe(xid, bytes([0x02]) + os.urandom(5)))  # a local MAC
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock = _listening_socket(interface, dhcp.CLIENT_PORT)
     found: set[IPv4Address] = set()
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, interface.encode())
-        sock.bind(("0.0.0.0", 68))
-        sock.setblocking(False)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
         sends = [loop.time(), loop.time() + seconds / 3]  # twice: one lost datagram is no verdict
