@@ -51,11 +51,10 @@ TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
 
 from netns import Link, Netns  # noqa: E402
-from nodefile import BOOT_SECTIONS, write_boot_files  # noqa: E402
+from nodefile import BASE_MAC, BOOT_SECTIONS, big_groups, big_ip, big_mac, write_boot_files  # noqa: E402
 from packages import install_missing  # noqa: E402
 
-CLIENTS, PER_GROUP = 100_000, 25_000
-BASE_MAC = 0x52_54_00_00_00_00
+CLIENTS = 100_000
 LATENCY_RATE = 3000
 WARM_UP = (500, 1)  # rate, seconds: first-packet costs stay out of the latency figures
 RATES, QUICK_RATES = (1000, 2000, 3000, 4000, 6000, 8000, 12000), (2000, 6000, 12000)
@@ -86,18 +85,6 @@ POOL = Mode("pool", "10.4.0.0/14", 14, "10.7.255.253", "10.7.255.254",
             ("10.4.0.10", "10.7.255.250"))  # fmt: skip
 
 
-def mac(index: int) -> str:
-    return ":".join(f"{byte:02x}" for byte in (BASE_MAC + index).to_bytes(6))
-
-
-def node_ip(index: int) -> str:
-    """Machine i's address in static mode: group a 10.2.[0-99].[1-250], b 10.2.[100-199],
-    c 10.3.[0-99], d 10.3.[100-199], 250 addresses per /24, in MAC order (as the host
-    lists expand)."""
-    group, i = divmod(index, PER_GROUP)
-    return f"10.{2 + group // 2}.{100 * (group % 2) + i // 250}.{i % 250 + 1}"
-
-
 # -- the servers' configurations -------------------------------------------------------------
 
 
@@ -107,7 +94,7 @@ def kea_config(mode: Mode, interface: str, leases: Path) -> dict:
         subnet["pools"] = [{"pool": f"{mode.pool[0]} - {mode.pool[1]}"}]
     else:
         subnet["reservations"] = [
-            {"hw-address": mac(i), "ip-address": node_ip(i)} for i in range(CLIENTS)
+            {"hw-address": big_mac(i), "ip-address": big_ip(i)} for i in range(CLIENTS)
         ]
     return {
         "Dhcp4": {
@@ -145,13 +132,7 @@ def layerpy_config(mode: Mode, interface: str) -> str:
         text[-1] += f'pool = "{mode.pool[0]}-{mode.pool[1]}"\ndiscover = true\n'
     text += [BOOT_SECTIONS, f'[switches.bench]\nrelay = "{mode.relay}"\n']
     if not mode.pool:
-        for group, name in enumerate("abcd"):
-            first, third = group * PER_GROUP, 100 * (group % 2)
-            text.append(
-                f'[groups.{name}]\nnodes = "{name}[00001-{PER_GROUP}]"\n'
-                f'ip = "10.{2 + group // 2}.[{third}-{third + 99}].[1-250]"\n'
-                f'mac = "{mac(first)}-{mac(first + PER_GROUP - 1)}"\npower = "on"\n'
-            )
+        text.append(big_groups(CLIENTS))
     return "\n".join(text)
 
 
@@ -269,7 +250,7 @@ def perfdhcp(link: Link, mode: Mode, rate: int, seconds: float) -> Load:
     argv = [
         "taskset", "-c", CLIENT_CPU, "perfdhcp", "-4", "-l", mode.relay,
         "-r", str(rate), "-p", str(seconds), "-R", str(CLIENTS),
-        "-b", f"mac={mac(0)}", mode.server,
+        "-b", f"mac={big_mac(0)}", mode.server,
     ]  # fmt: skip
     done = link.client.run(*argv, check=False, timeout=seconds + 60)
     if done.returncode not in (0, 3):  # 3: some exchanges did not complete
@@ -346,7 +327,7 @@ def delays(pcap: Path, static: bool) -> Latency:
             elif dhcp[0] == 2 and kind == 2 and key in asked:
                 result.delays.append(float(stamp - asked.pop(key)))
                 index = int.from_bytes(dhcp[28:34]) - BASE_MAC
-                if static and socket.inet_ntoa(dhcp[16:20]) != node_ip(index):
+                if static and socket.inet_ntoa(dhcp[16:20]) != big_ip(index):
                     result.wrong += 1
     result.discovers, result.matched = len(order), len(result.delays)
     if result.delays:

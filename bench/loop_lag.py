@@ -28,33 +28,19 @@ from layerpy.server import Server
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
 
-from nodefile import BOOT_SECTIONS, write_boot_files  # noqa: E402
+from nodefile import BOOT_SECTIONS, big_groups, write_boot_files  # noqa: E402
 
-GROUP = 25_000  # nodes per group: 100 x 250 addresses
 PROBE = 0.02  # seconds between the probe's timers
-
-
-def mac(number: int) -> str:
-    return "52:54:00:" + ":".join(f"{b:02x}" for b in number.to_bytes(3, "big"))
 
 
 def node_file(directory: Path, nodes: int) -> Path:
     """`nodes` (4 or a multiple of 25 000) in groups of at most 25 000, a few lines each."""
     write_boot_files(directory)
-    groups = []
-    for index in range(max(1, nodes // GROUP)):
-        size = min(nodes, GROUP)
-        second, third = 2 + index // 2, 100 * (index % 2)
-        groups.append(
-            f'[groups.g{index}]\nnodes = "g{index}n[00001-{size:05d}]"\n'
-            f'ip = "10.{second}.[{third}-{third + (size - 1) // 250}].[1-{min(size, 250)}]"\n'
-            f'mac = "{mac(index * GROUP)}-{mac(index * GROUP + size - 1)}"\npower = "on"\n'
-        )
     path = directory / "nodes.toml"
     path.write_text(
         '[server]\ninterface = "bench0"\naddress = "10.3.255.253"\nstate_dir = "state"\n'
         'dhcp_probe = 0\n\n[api]\nlisten = []\n\n[network]\nsubnet = "10.2.0.0/15"\n\n'
-        + BOOT_SECTIONS + "\n" + "\n".join(groups)
+        + BOOT_SECTIONS + "\n" + big_groups(nodes)
     )  # fmt: skip
     return path
 

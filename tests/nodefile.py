@@ -22,3 +22,35 @@ def write_boot_files(directory: Path) -> None:
     (directory / "ipxe").mkdir(exist_ok=True)
     for name in ("undionly.kpxe", "snponly.efi"):
         (directory / "ipxe" / name).write_bytes(b"\x90" * 3000)
+
+
+GROUP = 25_000  # nodes per group of a big node file: 100 /24s of 250 addresses
+BASE_MAC = 0x525400000000
+
+
+def big_mac(index: int) -> str:
+    """Machine i's MAC in a big node file: 52:54:00:00:00:00 + i (as perfdhcp counts)."""
+    return ":".join(f"{byte:02x}" for byte in (BASE_MAC + index).to_bytes(6))
+
+
+def big_ip(index: int) -> str:
+    """Machine i's address: group 0 10.2.[0-99].[1-250], 1 10.2.[100-199], 2 10.3.[0-99],
+    3 10.3.[100-199], in MAC order (as the host lists expand)."""
+    group, i = divmod(index, GROUP)
+    return f"10.{2 + group // 2}.{100 * (group % 2) + i // 250}.{i % 250 + 1}"
+
+
+def big_groups(nodes: int) -> str:
+    """[groups.gN] tables for `nodes` machines (fewer than a group, or whole groups of
+    GROUP, at most four), a few lines each: host lists and MAC ranges."""
+    tables = []
+    for group in range(max(1, nodes // GROUP)):
+        size, first = min(nodes, GROUP), group * GROUP
+        last_ip = big_ip(first + size - 1).rsplit(".", 2)
+        third = 100 * (group % 2)
+        tables.append(
+            f'[groups.g{group}]\nnodes = "g{group}n[00001-{size:05d}]"\n'
+            f'ip = "10.{2 + group // 2}.[{third}-{last_ip[1]}].[1-{min(size, 250)}]"\n'
+            f'mac = "{big_mac(first)}-{big_mac(first + size - 1)}"\npower = "on"\n'
+        )
+    return "\n".join(tables)
