@@ -141,7 +141,8 @@ class BootPolicy:
         lapsed = self._leases.expire() if self._leases is not None else []
         for lease in lapsed:
             self._ports.drop(lease.client)
-        self._persist()
+        if lapsed:
+            self._persist()
         return lapsed
 
     def _pool_table(self) -> LeaseTable | None:
@@ -171,7 +172,7 @@ class BootPolicy:
         table = self._leases
         if table is None:
             return
-        self._journal.append(r for r in table.changes() if r["state"] != OFFERED)
+        self._journal.append(lease.record() for lease in table.changes() if lease.state != OFFERED)
         if self._journal.crowded(len(table)):
             self._journal.rewrite(table.records())
 

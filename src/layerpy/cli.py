@@ -98,10 +98,11 @@ def main() -> None:
 )
 def serve(config_path: Path, debug: bool, state_dir: Path | None) -> None:
     """Run DHCP, TFTP and HTTP for the nodes in the node file."""
-    from layerpy.server import StartRefused
+    from layerpy.server import StartRefused, collector_paused
     from layerpy.server import serve as run_server
 
-    config = _load_or_exit(config_path)
+    with collector_paused():
+        config = _load_or_exit(config_path)
     logging.basicConfig(
         level=logging.DEBUG if debug or config.server.log_requests else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

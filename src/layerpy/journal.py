@@ -19,6 +19,7 @@ from typing import Any
 log = logging.getLogger("layerpy.journal")
 
 SLACK = 1024  # lines allowed beyond compact_factor x live records before rewriting
+_line = json.JSONEncoder(separators=(",", ":")).encode  # one encoder (dumps makes one a call)
 
 
 class Journal:
@@ -52,7 +53,7 @@ class Journal:
     def append(self, records: Iterable[dict[str, Any]]) -> None:
         """One write of every record; raises OSError when it cannot (the caller must not
         then answer as if it were kept)."""
-        data = "".join(json.dumps(record, separators=(",", ":")) + "\n" for record in records)
+        data = "".join(_line(record) + "\n" for record in records)
         if not data:
             return
         if self._fd is None:
@@ -71,7 +72,7 @@ class Journal:
         tmp = self.path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         with open(fd, "w", encoding="utf-8") as out:
-            out.writelines(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
+            out.writelines(_line(r) + "\n" for r in records)
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, self.path)

@@ -12,6 +12,7 @@ import contextlib
 import gc
 import logging
 import signal
+from collections.abc import Iterator
 from dataclasses import replace
 from ipaddress import IPv4Address
 from pathlib import Path
@@ -69,7 +70,8 @@ class Server:
     async def reload(self) -> dict[str, list[str]]:
         """Re-read the node file and apply it whole, or refuse it whole."""
         try:
-            config = self._with_overrides(load(self.config.path))
+            with collector_paused():
+                config = self._with_overrides(load(self.config.path))
         except ConfigError as error:
             problems = error.render().splitlines()
             log.error("reload refused, the running configuration stays: %s", "; ".join(problems))
@@ -80,7 +82,8 @@ class Server:
                 log.error("reload refused, the running configuration stays: %s", problem)
                 raise ReloadRefused([problem])
         gc.unfreeze()  # the old file's objects may be garbage now
-        added, removed, changed = self.nodes.apply(config)
+        with collector_paused():
+            added, removed, changed = self.nodes.apply(config)
         self.catalog.sync(config)
         await self.lifecycle.applied(config, added, removed, changed)
         _settle_heap()
@@ -261,6 +264,19 @@ class _Detach:
         self.logger.removeFilter(self.filter)
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Build the node file's objects without the cyclic collector: they all live, and its
+    passes over a heap growing by 100 000 nodes were a sixth of start-up (0.25 s of 1.6)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _settle_heap() -> None:
     """The node file's objects live as long as the file: out of the collector's way. A
     full collection walks every tracked object, and with 100 000 nodes it held the event
@@ -284,7 +300,8 @@ def _names(names: set[str]) -> str:
 
 async def serve(config: Config, *, state_dir: Path | None = None) -> None:
     """Run until SIGINT or SIGTERM; SIGHUP reloads the node file."""
-    server = Server(config, state_dir=state_dir)
+    with collector_paused():
+        server = Server(config, state_dir=state_dir)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

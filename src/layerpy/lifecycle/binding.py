@@ -60,10 +60,10 @@ class Lifecycle:
                 "image": self._image_state(node)}  # fmt: skip
 
     def _image_state(self, node: Node) -> str:
+        if node.image_state != ImageState.ACTIVE:
+            return node.image_state
         wanted = self.catalog.digest(self.image_of(node.name))
-        if node.image_state == ImageState.ACTIVE and wanted and node.image_digest != wanted:
-            return ImageState.STALE
-        return node.image_state
+        return ImageState.STALE if wanted and node.image_digest != wanted else node.image_state
 
     def _observe(self, name: str) -> None:
         node = self.store.nodes.get(name)

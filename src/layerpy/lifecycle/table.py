@@ -19,6 +19,7 @@ VARIABLES = (
     # as the agent reports it; "stale" is active with another digest than the file wants
     Variable("image", tuple(ImageState)),
 )
+_DONT_CARE = dict.fromkeys(v.name for v in VARIABLES)  # a cfg that wants nothing
 
 FORGOTTEN_ON_POWER = ("run", "busy", "image")
 BOOT_TIMEOUT = 120.0
@@ -54,7 +55,7 @@ def desired(node: NodeConfig, override: Mapping[str, str] | None = None) -> dict
     """cfg for a node, every variable named (None: don't care): the file's power (or a
     run-time override), a powered node ready and running its image. Without a BMC,
     power is not layerpy's to want."""
-    wanted: dict[str, str | None] = dict.fromkeys((v.name for v in VARIABLES), None)
+    wanted: dict[str, str | None] = dict(_DONT_CARE)
     if (override or {}).get("image", node.image):
         wanted["image"] = ImageState.ACTIVE
     if node.bmc is None:

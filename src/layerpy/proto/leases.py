@@ -112,9 +112,9 @@ class LeaseTable:
         """Every lease as a plain dict (address, client, state, expires), in address order."""
         return [self._leases[a].record() for a in sorted(self._leases)]
 
-    def changes(self) -> list[dict[str, Any]]:
-        """The records written since the last call (for a journal), and forget them."""
-        changed = [self._leases[a].record() for a in self._changed]
+    def changes(self) -> list[Lease]:
+        """The leases written since the last call (for a journal), and forget them."""
+        changed = [self._leases[a] for a in self._changed]
         self._changed.clear()
         return changed
 

@@ -15,6 +15,7 @@ import os
 import socket
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from ipaddress import IPv4Address
 
 from layerpy.boot import BootPolicy, Verdict
@@ -30,6 +31,7 @@ from layerpy.proto.dhcp_server import (
     screen,
 )
 from layerpy.proto.leases import BOUND
+from layerpy.services.datagrams import Datagrams
 from layerpy.stats import Stats
 
 log = logging.getLogger("layerpy.dhcp")
@@ -46,9 +48,14 @@ REMEMBERED = 4096
 """Clients whose last logged outcome is kept, so a repeating one is logged once."""
 
 
-class DhcpService(asyncio.DatagramProtocol):
+Send = Callable[[bytes, tuple[str, int]], bool]
+"""Hands a reply to the kernel at once; False when it could not (the reply is dropped)."""
+
+
+class DhcpService:
     """DHCP for the machines in the node file on one socket: authoritative (port 67, with
-    the discovery pool), or ProxyDHCP on port 67 or 4011 (`proxy`)."""
+    the discovery pool), or ProxyDHCP on port 67 or 4011 (`proxy`). Without `send` it
+    decides and applies but sends nothing (as in the unit tests)."""
 
     def __init__(
         self,
@@ -59,6 +66,7 @@ class DhcpService(asyncio.DatagramProtocol):
         *,
         port: int = dhcp.SERVER_PORT,
         proxy: bool = False,
+        send: Send | None = None,
     ) -> None:
         self.policy = policy
         self.server_address = server_address
@@ -66,11 +74,8 @@ class DhcpService(asyncio.DatagramProtocol):
         self.log_requests = log_requests
         self.port = port
         self.proxy = proxy
-        self.transport: asyncio.DatagramTransport | None = None
+        self.send = send
         self._logged: OrderedDict[str, str] = OrderedDict()  # MAC -> last outcome logged
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         started = time.perf_counter()
@@ -117,20 +122,14 @@ class DhcpService(asyncio.DatagramProtocol):
         else:
             decision = decide(request, server, verdict.grant)
         self.policy.apply(verdict, decision.effects)  # kept before it is promised
-        if decision.reply is not None and decision.destination is not None and self.transport:
-            self._send(dhcp.encode(decision.reply), decision.destination)
-        return verdict, decision
-
-    def _send(self, reply: bytes, destination: tuple[str, int]) -> None:
-        """A unicast reply waits in the kernel for its address to answer ARP; when such
-        replies fill the socket, new unicast ones are dropped (the client asks again), so
-        they never queue up in front of the broadcasts the booting clients wait for."""
-        assert self.transport is not None
-        unicast = destination[0] != "255.255.255.255"
-        if unicast and self.transport.get_write_buffer_size() > 0:
+        reply, destination = decision.reply, decision.destination
+        if reply is None or destination is None or self.send is None:
+            return verdict, decision
+        # unicast replies wait in the kernel for ARP; when they fill the socket's buffer a
+        # reply is dropped (its client asks again), never queued without bound
+        if not self.send(dhcp.encode(reply), destination):
             self.stats.count("dhcp", "dropped", ok=False)
-            return
-        self.transport.sendto(reply, destination)
+        return verdict, decision
 
     def _log(self, mac: str, kind: str, source: str, verdict: Verdict, decision: Decision) -> None:
         """One debug line per packet when asked for; an info line per event (a NAK, a
@@ -165,29 +164,27 @@ async def start_dhcp(
     *,
     proxy: bool = False,
     log_requests: bool = False,
-) -> list[asyncio.DatagramTransport]:
+) -> list[Datagrams]:
     """Listen for DHCP on one interface only (never on every interface of the host): port
     67, and with `proxy` also the PXE boot server port 4011."""
     ports = (dhcp.SERVER_PORT, proxy_dhcp.BOOT_SERVER_PORT) if proxy else (dhcp.SERVER_PORT,)
-    loop = asyncio.get_running_loop()
-    transports: list[asyncio.DatagramTransport] = []
+    endpoints: list[Datagrams] = []
     try:
         for port in ports:
-            sock = _listening_socket(interface, port)
-            transport, _ = await loop.create_datagram_endpoint(
-                lambda port=port: DhcpService(
-                    policy, server_address, stats, log_requests, port=port, proxy=proxy
-                ),
-                sock=sock,
-            )
-            transports.append(transport)
+            endpoint = Datagrams(_listening_socket(interface, port))
+            endpoints.append(endpoint)
+            service = DhcpService(
+                policy, server_address, stats, log_requests,
+                port=port, proxy=proxy, send=endpoint.send,
+            )  # fmt: skip
+            endpoint.listen(service.datagram_received)
     except BaseException:
-        for transport in transports:
-            transport.close()
+        for endpoint in endpoints:
+            endpoint.close()
         raise
     mode = "ProxyDHCP" if proxy else "authoritative"
     log.info("listening on %s port %s (%s)", interface, " and ".join(map(str, ports)), mode)
-    return transports
+    return endpoints
 
 
 def _listening_socket(interface: str, port: int) -> socket.socket:

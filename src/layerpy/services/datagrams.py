@@ -1,0 +1,57 @@
+"""A UDP socket read by draining: every datagram waiting is read in one wakeup of the loop.
+
+asyncio's datagram transport reads one datagram per wakeup of the event loop, and under load
+that round trip cost more than answering a DHCP request (measured on loopback with a 25 us
+answer: 16 900 answers/s through the transport, 32 900/s drained). Replies are sent at once
+or not at all: a full send buffer (replies held back waiting for ARP) drops the reply, which
+the caller counts, instead of queueing it without bound as the transport would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+
+BATCH = 64
+"""Datagrams read per wakeup at most, so that a flood on one socket cannot starve the loop."""
+RECEIVE_SIZE = 65536  # any UDP payload: nothing is truncated before it is judged
+
+
+class Datagrams:
+    """One non-blocking UDP socket, owned from here on (closing this closes it)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._loop = asyncio.get_running_loop()
+        self._reading = False
+
+    def listen(self, on_datagram: Callable[[bytes, tuple[str, int]], None]) -> None:
+        """Hand every datagram that arrives, with its sender, to on_datagram."""
+
+        def drain() -> None:
+            for _ in range(BATCH):
+                try:
+                    data, sender = self.sock.recvfrom(RECEIVE_SIZE)
+                except (BlockingIOError, InterruptedError):
+                    return
+                except OSError:  # an ICMP error about an earlier reply: nothing to read
+                    continue
+                on_datagram(data, sender)
+
+        self._loop.add_reader(self.sock.fileno(), drain)
+        self._reading = True
+
+    def send(self, data: bytes, destination: tuple[str, int]) -> bool:
+        """Send now; False when the datagram could not be handed to the kernel."""
+        try:
+            self.sock.sendto(data, destination)
+        except OSError:
+            return False
+        return True
+
+    def close(self) -> None:
+        if self._reading:
+            self._loop.remove_reader(self.sock.fileno())
+            self._reading = False
+        self.sock.close()
