@@ -415,3 +415,19 @@ def test_the_journal_is_rewritten_when_mostly_dead_and_skips_a_torn_line(
         out.write('{"address": "10.99.0.2')  # a power cut mid-line
     restored = make_service(config, clock)
     assert restored.policy.discovery_address(mac) == IPv4Address("10.99.0.200")
+
+
+def test_a_reply_the_kernel_refuses_is_counted_as_dropped(make_config) -> None:
+    policy = BootPolicy(NodeStore(make_config(), clock=Clock()))
+    sent: list[tuple[bytes, tuple[str, int]]] = []
+    refusing = DhcpService(policy, SERVER, Stats(), False, send=lambda *reply: False)
+    accepting = DhcpService(
+        policy, SERVER, Stats(), False, send=lambda *reply: sent.append(reply) or True
+    )
+    for service in (refusing, accepting):
+        service.datagram_received(dhcp.encode(request(dhcp.DISCOVER, **BIOS)), ("0.0.0.0", 68))
+    dropped = refusing.stats.as_json()["dhcp"]["dropped"]
+    assert dropped["requests"] == dropped["failures"] == 1
+    assert "dropped" not in accepting.stats.as_json()["dhcp"]
+    assert len(sent) == 1 and dhcp.decode(sent[0][0]).message_type == dhcp.OFFER
+    assert sent[0][1] == ("255.255.255.255", dhcp.CLIENT_PORT)
