@@ -77,6 +77,9 @@ class Effect:
     lease_time: int = 0
 
 
+_ANSWERS = {OFFER: "offer", ACK: "ack", NAK: "nak"}
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """The reply and where it goes (both None when silent), why, and what to apply."""
@@ -91,7 +94,7 @@ class Decision:
     def answer(self) -> str:
         """``offer``, ``ack``, ``nak``, or ``silent`` (also for a RELEASE or DECLINE taken)."""
         kind = self.reply.message_type if self.reply is not None else None
-        return {OFFER: "offer", ACK: "ack", NAK: "nak"}.get(kind or 0, "silent")
+        return _ANSWERS.get(kind or 0, "silent")
 
 
 def screen(request: DhcpPacket) -> str | None:

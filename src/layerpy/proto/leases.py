@@ -61,6 +61,7 @@ class LeaseTable:
         if first > last:
             raise ValueError(f"empty pool {first}-{last}")
         self.first, self.last = first, last
+        self._span = range(int(first), int(last) + 1)  # int tests: IPv4Address compares in Python
         self.clock = clock
         self.hold = hold
         self.quarantine = quarantine
@@ -82,7 +83,7 @@ class LeaseTable:
         return len(self._leases)
 
     def __contains__(self, address: object) -> bool:
-        return isinstance(address, IPv4Address) and self.first <= address <= self.last
+        return isinstance(address, IPv4Address) and int(address) in self._span
 
     # -- questions (no writes) ---------------------------------------------------------
 
@@ -103,7 +104,7 @@ class LeaseTable:
             return self._leases[own].address
         if requested is not None and requested in self and self._free_for(int(requested), client):
             return requested
-        if self._cursor <= int(self.last):
+        if self._cursor in self._span:
             return IPv4Address(self._cursor)
         oldest = next(iter(self._recycled), None)
         return None if oldest is None else self._leases[oldest].address
@@ -238,8 +239,7 @@ class LeaseTable:
         else:
             self._recycled.pop(number, None)
             heapq.heappush(self._deadlines, (lease.expires, number))
-        last = int(self.last)
-        while self._cursor <= last and self._cursor in self._leases:
+        while self._cursor in self._span and self._cursor in self._leases:
             self._cursor += 1  # each address is passed once: O(1) amortised
 
     def _free(self, lease: Lease) -> Lease:
