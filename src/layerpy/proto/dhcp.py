@@ -5,7 +5,7 @@ policy (which address, which bootfile) is decided elsewhere and handed in as an 
 """
 
 import struct
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Address
 
 DISCOVER, OFFER, REQUEST, DECLINE, ACK, NAK, RELEASE, INFORM = range(1, 9)
@@ -82,15 +82,14 @@ class DhcpPacket:
     sname: bytes
     file: bytes
     options: dict[int, bytes]
+    # derived once, in __post_init__: every layer asks for them, several times a packet
+    mac: str = field(init=False, repr=False, compare=False)
+    message_type: int | None = field(init=False, compare=False)
 
-    @property
-    def mac(self) -> str:
-        return self.chaddr[: self.hlen].hex(":")
-
-    @property
-    def message_type(self) -> int | None:
+    def __post_init__(self) -> None:
+        self.mac = self.chaddr[: self.hlen].hex(":")
         value = self.options.get(OPT_MESSAGE_TYPE)
-        return value[0] if value else None
+        self.message_type = value[0] if value else None
 
     @property
     def client_arch(self) -> int | None:

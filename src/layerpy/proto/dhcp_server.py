@@ -127,18 +127,18 @@ def _discover(request: DhcpPacket, server: ServerIdentity, grant: Grant | None) 
 def _request(request: DhcpPacket, server: ServerIdentity, grant: Grant | None) -> Decision:
     """SELECTING names a server; INIT-REBOOT names only the address it wants; RENEWING
     (unicast) and REBINDING (broadcast) carry it in ciaddr and get the same treatment."""
-    chosen = request.server_id
+    chosen, requested = request.server_id, request.requested_ip
     if chosen is not None:
         if chosen != server.address:
             withdraw = (_effect(Action.WITHDRAW, request, grant),) if grant and grant.pooled else ()
             return _silent(f"selecting {chosen}'s offer", withdraw)
-        if request.requested_ip is None:
+        if requested is None:
             return _silent("selecting without a requested address (option 50)")
-        return _confirm(request, server, grant, request.requested_ip, "selecting")
+        return _confirm(request, server, grant, requested, "selecting")
     if not request.ciaddr.is_unspecified:
         return _confirm(request, server, grant, request.ciaddr, "renewing/rebinding")
-    if request.requested_ip is not None:
-        return _confirm(request, server, grant, request.requested_ip, "init-reboot")
+    if requested is not None:
+        return _confirm(request, server, grant, requested, "init-reboot")
     return _silent("REQUEST names no address (no ciaddr, no option 50)")
 
 

@@ -103,8 +103,9 @@ class DhcpService:
             log.exception("%s: failed to answer a DHCP %s", request.mac, kind)
             return
         self.stats.observe("dhcp", kind, time.perf_counter() - started)
-        self.stats.count("dhcp", decision.answer)
-        self._log(request.mac, kind, addr[0], verdict, decision)
+        answer = decision.answer
+        self.stats.count("dhcp", answer)
+        self._log(request.mac, kind, addr[0], verdict, decision, answer)
 
     def handle(
         self, request: dhcp.DhcpPacket, sender: tuple[str, int] = ("0.0.0.0", dhcp.CLIENT_PORT)
@@ -131,19 +132,21 @@ class DhcpService:
             self.stats.count("dhcp", "dropped", ok=False)
         return verdict, decision
 
-    def _log(self, mac: str, kind: str, source: str, verdict: Verdict, decision: Decision) -> None:
+    def _log(
+        self, mac: str, kind: str, source: str, verdict: Verdict, decision: Decision, answer: str
+    ) -> None:
         """One debug line per packet when asked for; an info line per event (a NAK, a
         release, a decline, silence towards a client we serve), once until it changes."""
         if self.log_requests:
             log.debug(
                 "%s: %s from %s (%s) -> %s (%s)",
-                mac, kind, source, verdict.why, decision.answer, decision.reason,
+                mac, kind, source, verdict.why, answer, decision.reason,
             )  # fmt: skip
-        if decision.answer == "ack":
+        if answer == "ack":
             self._logged.pop(mac, None)  # the client is fine again: its next trouble is news
             return
-        notable = decision.answer == "nak" or (
-            decision.answer == "silent" and verdict.grant is not None and not decision.routine
+        notable = answer == "nak" or (
+            answer == "silent" and verdict.grant is not None and not decision.routine
         )
         if not notable or self._logged.get(mac) == decision.reason:
             return
@@ -153,7 +156,7 @@ class DhcpService:
             self._logged.popitem(last=False)
         declined = any(effect.action is Action.DECLINE for effect in decision.effects)
         level = logging.WARNING if declined else logging.INFO
-        log.log(level, "%s: %s -> %s (%s)", mac, kind, decision.answer, decision.reason)
+        log.log(level, "%s: %s -> %s (%s)", mac, kind, answer, decision.reason)
 
 
 async def start_dhcp(
