@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import textwrap
 from ipaddress import IPv4Address
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from layerpy.config import ConfigError, load
+from layerpy.server import collector_paused
 
 VALID = """\
 [server]
@@ -438,3 +440,14 @@ def test_broken_locations(write, change, expected) -> None:
     with pytest.raises(ConfigError) as raised:
         load(write(LOCATED.replace(*change)))
     assert expected in raised.value.render(), raised.value.render()
+
+
+def test_a_broken_file_read_with_the_collector_paused_leaves_it_running(write) -> None:
+    """layerpy serve and reload read the node file with the cyclic collector paused; a
+    refused file must not leave it off (a reload that failed would leak cycles forever)."""
+    path = write(VALID.replace('subnet = "10.99.0.0/24"', 'subnet = "nonsense"'))
+    assert gc.isenabled()
+    with pytest.raises(ConfigError), collector_paused():
+        assert not gc.isenabled()
+        load(path)
+    assert gc.isenabled()
