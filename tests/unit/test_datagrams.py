@@ -77,6 +77,6 @@ def test_close_stops_reading_and_closes_the_socket() -> None:
         endpoint.close()
         endpoint.close()  # twice is harmless
         assert endpoint.sock.fileno() == -1
-        assert fd not in asyncio.get_running_loop()._selector.get_map()  # type: ignore[attr-defined]
+        assert not asyncio.get_running_loop().remove_reader(fd)  # False: none was left
 
     asyncio.run(main())

@@ -1,10 +1,11 @@
 """A UDP socket read by draining: every datagram waiting is read in one wakeup of the loop.
 
-asyncio's datagram transport reads one datagram per wakeup of the event loop, and under load
-that round trip cost more than answering a DHCP request (measured on loopback with a 25 us
-answer: 16 900 answers/s through the transport, 32 900/s drained). Replies are sent at once
-or not at all: a full send buffer (replies held back waiting for ARP) drops the reply, which
-the caller counts, instead of queueing it without bound as the transport would.
+asyncio's datagram transport reads one datagram per wakeup of the event loop. Draining the
+DHCP sockets instead raised the Kea bench's pool saturation from 3 115 to 5 487 DORA/s and
+cut its p99 at 3 000/s from 0.75 to 0.21 ms (`bench/dhcp_kea.py --quick --mode pool`).
+Replies are sent at once or not at all: a full send buffer (replies held back waiting for
+ARP) drops the reply, which the caller counts, instead of queueing it without bound as the
+transport would.
 """
 
 from __future__ import annotations
