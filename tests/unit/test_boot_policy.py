@@ -180,7 +180,7 @@ def snapshot(inventory: NodeStore):
         n.name: (n.mac, n.run_state, copy.deepcopy(n.boot), n.location)
         for n in inventory.nodes.values()
     }
-    unknown = {m: copy.copy(u.__dict__) for m, u in inventory.unknown.machines.items()}
+    unknown = {m: copy.copy(u) for m, u in inventory.unknown.machines.items()}
     return nodes, unknown, dict(inventory.identities.bindings), inventory.feed.seq
 
 

@@ -38,7 +38,7 @@ def test_candidate_is_a_question_and_offer_the_answer(clock) -> None:
     assert leases.records() == [] and leases.lease_of(A) is None
     lease = leases.offer(A, IP("10.0.0.10"))
     assert (lease.state, lease.expires) == (OFFERED, 1000 + HOLD)
-    assert leases.lease_of(A) is lease
+    assert leases.lease_of(A) == lease
     assert leases.candidate(A) == IP("10.0.0.10")  # its own, again
     assert leases.candidate(B) == IP("10.0.0.11")
 
