@@ -23,7 +23,7 @@ from layerpy.nodes import DISCOVERY, NodeStore
 from layerpy.proto.agent import Cmdline
 from layerpy.proto.dhcp import ANY, DISCOVER, OPT_VENDOR_CLASS, DhcpPacket, Offer
 from layerpy.proto.dhcp_server import Action, Effect, Grant
-from layerpy.proto.leases import BOUND, OFFERED, Lease, LeaseTable
+from layerpy.proto.leases import BOUND, DECLINED, FREE, Lease, LeaseTable
 
 log = logging.getLogger("layerpy.dhcp")
 quiet = Throttle(log)  # what a client causes on every retry: a few lines a minute
@@ -50,6 +50,7 @@ ARCHITECTURES = {
 }
 FIRMWARE = {firmware.name: firmware for firmware in ARCHITECTURES.values()}
 LEASES = "leases.jsonl"  # the discovery pool's journal, in the state directory
+KEPT = (BOUND, DECLINED, FREE)  # lease states journalled: an offer is no promise
 DISCOVERY_LEASE = 300  # seconds: a discovery address is only held until the node is known
 PER_PORT = 4  # discovery addresses the machines behind one relay port may hold at once
 
@@ -172,7 +173,7 @@ class BootPolicy:
         table = self._leases
         if table is None:
             return
-        self._journal.append(lease.record() for lease in table.changes() if lease.state != OFFERED)
+        self._journal.append(lease.record() for lease in table.changes(KEPT))
         if self._journal.crowded(len(table)):
             self._journal.rewrite(table.records())
 
@@ -244,9 +245,10 @@ class BootPolicy:
         elif effect.action is Action.HOLD:
             self._taken(effect, table.offer(client, address))
         else:
-            before = table.lease_of(client)
+            debug = log.isEnabledFor(logging.DEBUG)
+            before = table.lease_of(client) if debug else None
             lease = self._taken(effect, table.commit(client, address, effect.lease_time))
-            if lease is not None and (before is None or before.state != BOUND):  # per client:
+            if debug and lease is not None and (before is None or before.state != BOUND):
                 log.debug("%s: discovery lease %s for %d s", client, address, effect.lease_time)
 
     @staticmethod

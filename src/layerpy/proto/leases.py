@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from ipaddress import IPv4Address
 from typing import Any
@@ -120,9 +120,11 @@ class LeaseTable:
         """Every lease as a plain dict (address, client, state, expires), in address order."""
         return [self._lease(number).record() for number in sorted(self._held)]
 
-    def changes(self) -> list[Lease]:
-        """The leases written since the last call (for a journal), and forget them."""
-        changed = [self._lease(number) for number in self._changed]
+    def changes(self, states: Container[str] = STATES) -> list[Lease]:
+        """The leases written since the last call that are now in one of `states` (for a
+        journal), and forget them all."""
+        held = self._held
+        changed = [self._lease(number) for number in self._changed if held[number][1] in states]
         self._changed.clear()
         return changed
 

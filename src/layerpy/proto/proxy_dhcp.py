@@ -72,7 +72,7 @@ def _boot_request(
         return _silent("a boot request without its address (ciaddr)")
     if str(address) != sender[0]:  # else anyone could aim our replies at any host
         return _silent(f"ciaddr {address} is not the sender's address {sender[0]}")
-    if address not in server.subnet:
+    if not server.covers(address):
         return _silent(f"{address} is outside {server.subnet}")
     expected = grant.address
     if not expected.is_unspecified and address != expected:

@@ -76,6 +76,7 @@ class DhcpService:
         self.proxy = proxy
         self.send = send
         self._logged: OrderedDict[str, str] = OrderedDict()  # MAC -> last outcome logged
+        self._identity = ServerIdentity(server_address, policy.config.network.subnet)
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         started = time.perf_counter()
@@ -117,7 +118,9 @@ class DhcpService:
             whose = lease.client or "nobody's"
             log.log(level, "%s lease %s lapsed (%s)", lease.state, lease.address, whose)
         verdict = self.policy.verdict(request)
-        server = ServerIdentity(self.server_address, self.policy.config.network.subnet)
+        server, subnet = self._identity, self.policy.config.network.subnet
+        if server.subnet is not subnet:  # a reload changed the node file
+            server = self._identity = ServerIdentity(self.server_address, subnet)
         if self.proxy:
             decision = proxy_dhcp.decide(request, server, verdict.grant, self.port, sender)
         else:
