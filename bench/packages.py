@@ -1,27 +1,16 @@
 """Debian packages a benchmark needs, installed only when missing and never started.
 
-The reference servers (tftpd-hpa, Kea) are daemons: policy-rc.d must forbid the package
-scripts to start them on the host, and the benchmarks run them by hand in namespaces.
+The reference servers (tftpd-hpa, Kea) are daemons: vm-lab/install-packages.sh installs
+them with their package scripts forbidden to start them and their boot-time services
+disabled again; the benchmarks run them by hand inside namespaces.
 """
 
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-POLICY = Path("/usr/sbin/policy-rc.d")
+INSTALL = Path(__file__).resolve().parent.parent / "vm-lab" / "install-packages.sh"
 
 
 def install_missing(packages: dict[str, str]) -> None:
     """`packages` maps a command to the package that brings it."""
-    missing = sorted({package for tool, package in packages.items() if not shutil.which(tool)})
-    if not missing:
-        return
-    if not POLICY.exists():
-        POLICY.write_text("#!/bin/sh\nexit 101\n")
-        POLICY.chmod(0o755)
-    if subprocess.run([str(POLICY)]).returncode != 101:
-        sys.exit(f"{POLICY} does not exit 101; refusing to install a service")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "install", "-y", *missing], check=True, env=env)
+    subprocess.run([str(INSTALL), *sorted(set(packages.values()))], check=True)

@@ -10,22 +10,7 @@ PACKAGES=(
   umoci skopeo docker-registry squashfs-tools-ng mmdebstrap dnsmasq-base
 )
 
-# Nothing we install may start a daemon on this host (they run only inside test namespaces).
-if [ ! -x /usr/sbin/policy-rc.d ] || ! grep -q "exit 101" /usr/sbin/policy-rc.d; then
-  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
-  chmod +x /usr/sbin/policy-rc.d
-fi
-
-missing=()
-for package in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" \
-    || missing+=("$package")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing ${missing[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+vm-lab/install-packages.sh "${PACKAGES[@]}"
 
 # The venv, rebuilt only when pyproject.toml changes.
 stamp=.venv/.layerpy-setup
