@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import quote
 
 import click
@@ -22,15 +22,22 @@ from rich.text import Text
 from layerpy import __version__
 from layerpy.client import DEFAULT_SOCKET, TOKEN_VARIABLE, Client, ClientError
 from layerpy.config import Config, ConfigError, load
+from layerpy.config.starter import minos_candidates, starter
+from layerpy.host import host_problems, interfaces
 from layerpy.text import printable
+
+DEFAULT_CONFIG = Path("/etc/layerpy/nodes.toml")
+CONFIG_VARIABLE = "LAYERPY_CONFIG"
 
 CONFIG_OPTION = click.option(
     "-c",
     "--config",
     "config_path",
     type=click.Path(path_type=Path),
-    required=True,
-    help="The node file (TOML).",
+    envvar=CONFIG_VARIABLE,
+    default=DEFAULT_CONFIG,
+    show_default=True,
+    help=f"The node file (TOML); else ${CONFIG_VARIABLE}.",
 )
 
 OPTIONAL_CONFIG = click.option(
@@ -38,7 +45,10 @@ OPTIONAL_CONFIG = click.option(
     "--config",
     "config_path",
     type=click.Path(path_type=Path),
-    help="The node file: the server's API socket is found from it.",
+    envvar=CONFIG_VARIABLE,
+    default=lambda: DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None,
+    help=f"The node file, the server's API socket is found from it (else ${CONFIG_VARIABLE}, "
+    f"else {DEFAULT_CONFIG} if there is one).",
 )
 
 
@@ -76,6 +86,14 @@ console = Console(width=None if sys.stdout.isatty() else 200)
 
 
 def _load_or_exit(path: Path) -> Config:
+    if not path.exists():
+        click.echo(
+            f"layerpy: there is no node file {path}: name one with -c FILE or "
+            f"${CONFIG_VARIABLE}, or write a starter there with `layerpy init INTERFACE -o "
+            f"{path}`",
+            err=True,
+        )
+        sys.exit(2)
     try:
         return load(path)
     except ConfigError as error:
@@ -115,15 +133,82 @@ def serve(config_path: Path, debug: bool, state_dir: Path | None) -> None:
         sys.exit(1)
 
 
+@main.command()
+@click.argument("interface")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path, dir_okay=False, allow_dash=True),
+    envvar=CONFIG_VARIABLE,
+    default=DEFAULT_CONFIG,
+    show_default=True,
+    help=f"Where to write it (else ${CONFIG_VARIABLE}; '-' prints it).",
+)
+@click.option("--force", is_flag=True, help="Replace the file if there is one.")
+def init(interface: str, output: Path, force: bool) -> None:
+    """Write a commented starter node file for serving on INTERFACE, with its address,
+    subnet and a discovery pool filled in."""
+    present = interfaces()
+    if interface not in present:
+        _fail(f"no such interface {interface}; this host has {', '.join(present)}")
+    if not present[interface]:
+        _fail(
+            f"{interface} has no IPv4 address: give it the one the nodes will boot from "
+            f"(ip address add 10.0.0.1/24 dev {interface}) and run this again"
+        )
+    chosen = present[interface][0]
+    minos = next(
+        (p for p in minos_candidates() if (p / "vmlinuz").is_file() and (p / "initrd").is_file()),
+        None,
+    )
+    text = starter(interface, chosen, minos)
+    if str(output) == "-":
+        click.echo(text, nl=False)
+        return
+    if output.exists() and not force:
+        _fail(f"{output} is there already; --force replaces it, -o FILE writes elsewhere")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text, encoding="utf-8")
+    others = f" (its other addresses: {', '.join(map(str, present[interface][1:]))})"
+    click.echo(
+        f"wrote {output} for {interface}, {chosen}{others if present[interface][1:] else ''}; "
+        f"check it with `layerpy check -c {output}`"
+    )
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    click.echo(f"layerpy: {message}", err=True)
+    sys.exit(code)
+
+
 SHOWN = 50  # nodes `layerpy check` lists (a table of 100 000 rows takes a minute)
 
 
 @main.command()
 @CONFIG_OPTION
 @click.option("--all", "show_all", is_flag=True, help=f"List every node, not the first {SHOWN}.")
-def check(config_path: Path, show_all: bool) -> None:
-    """Validate the node file and summarise it; exit 2 on any problem."""
+@click.option(
+    "--file-only",
+    is_flag=True,
+    help="Check the file alone, not this host (for another host's file).",
+)
+def check(config_path: Path, show_all: bool, file_only: bool) -> None:
+    """Validate the node file and summarise it, then check this host can serve it (the
+    interface carries server.address, the ports are free). Exit 2 when the file has a
+    problem, 3 when only the host has one."""
     config = _load_or_exit(config_path)
+    _summarise(config, show_all)
+    if file_only:
+        return
+    problems = host_problems(config)
+    console.print("  host     " + ("ready to serve it" if not problems else "[red]not ready[/]"))
+    for problem in problems:
+        click.echo(f"    {printable(problem, 500)}")
+    if problems:
+        sys.exit(3)
+
+
+def _summarise(config: Config, show_all: bool) -> None:
     server, network = config.server, config.network
     groups = sorted({n.group for n in config.nodes.values() if n.group})
     console.print(f"[bold]{config.path}[/] is valid")

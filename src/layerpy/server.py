@@ -19,6 +19,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from layerpy import host
 from layerpy.auth import Tokens
 from layerpy.boot import BootPolicy
 from layerpy.catalog import Catalog
@@ -95,6 +96,10 @@ class Server:
 
     async def start(self) -> None:
         server = self.config.server
+        if server.interface is not None:
+            problem = host.interface_problem(server.interface, server.address)
+            if problem is not None:
+                raise StartRefused(problem)
         admission = listeners.Admission(
             total=max(64, listeners.raise_fd_limit() - listeners.SPARE_FDS),
             on_refused=lambda: self.stats.count("http", "refused", ok=False),
@@ -138,7 +143,7 @@ class Server:
                         log_requests=server.log_requests)  # fmt: skip
         runner = await self._serve_app(app)
         await listeners.AdmittedSite(
-            runner, str(server.address), server.http_port, admission
+            runner, str(server.address), server.http_port, admission, service="HTTP"
         ).start()
         log.info("http for the boot network on %s", server.url)
 
@@ -159,8 +164,8 @@ class Server:
         tls = None
         if api.tls_cert is not None and api.tls_key is not None:
             tls = listeners.tls_context(api.tls_cert, api.tls_key)
-        for host, port in api.listen:
-            site = listeners.AdmittedSite(runner, str(host), port, admission, tls)
+        for address, port in api.listen:
+            site = listeners.AdmittedSite(runner, str(address), port, admission, tls, "the API")
             await site.start()
             names.append(site.name)
         log.info("operator API on %s", ", ".join(names))

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from ipaddress import IPv4Address
 
 from layerpy.boot import BootPolicy, Verdict
+from layerpy.host import cannot_listen
 from layerpy.logs import Throttle
 from layerpy.proto import dhcp, proxy_dhcp
 from layerpy.proto.dhcp_server import (
@@ -204,10 +205,7 @@ def _listening_socket(interface: str, port: int) -> socket.socket:
         sock.setblocking(False)
     except OSError as error:
         sock.close()
-        raise OSError(
-            f"cannot listen for DHCP on {interface} port {port}: {error.strerror} "
-            "(check server.interface, and run as root)"
-        ) from None
+        raise cannot_listen("DHCP", error, port, interface=interface) from None
     return sock
 
 

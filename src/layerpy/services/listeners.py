@@ -24,6 +24,7 @@ from typing import Any
 
 from aiohttp import http_exceptions, web
 
+from layerpy.host import cannot_listen
 from layerpy.logs import Throttle
 from layerpy.text import printable
 
@@ -127,9 +128,11 @@ class AdmittedSite(web.BaseSite):
         port: int,
         admission: Admission,
         ssl_context: ssl.SSLContext | None = None,
+        service: str = "HTTP",
     ) -> None:
         super().__init__(runner, ssl_context=ssl_context)
         self.host, self.port, self.admission = host, port, admission
+        self.service = service  # what a failed bind says could not listen
 
     @property
     def name(self) -> str:
@@ -140,14 +143,17 @@ class AdmittedSite(web.BaseSite):
         await super().start()
         handlers = self._runner.server
         assert handlers is not None
-        self._server = await asyncio.get_running_loop().create_server(
-            lambda: _Admitted(handlers(), self.admission),
-            self.host,
-            self.port,
-            ssl=self._ssl_context,
-            reuse_address=True,
-            backlog=BACKLOG,
-        )
+        try:
+            self._server = await asyncio.get_running_loop().create_server(
+                lambda: _Admitted(handlers(), self.admission),
+                self.host,
+                self.port,
+                ssl=self._ssl_context,
+                reuse_address=True,
+                backlog=BACKLOG,
+            )
+        except OSError as error:
+            raise cannot_listen(self.service, error, self.port, address=self.host) from None
 
 
 class BadRequests(logging.Filter):

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from layerpy.host import cannot_listen
 from layerpy.logs import Throttle
 from layerpy.proto import tftp as proto
 from layerpy.text import printable
@@ -295,7 +296,12 @@ async def start_tftp(
 ) -> TftpServer:
     """Serve files under `root` read-only on address:port (bound to `interface` if given)."""
     server = TftpServer(root, address, interface, on_event, timeout=timeout, retries=retries)
-    sock = _socket(address, port, interface)
+    try:
+        sock = _socket(address, port, interface)
+    except OSError as error:
+        raise cannot_listen(
+            "TFTP", error, port, address=address, interface=interface or ""
+        ) from None
     _deep_receive_buffer(sock)
     await asyncio.get_running_loop().create_datagram_endpoint(lambda: server, sock=sock)
     return server
