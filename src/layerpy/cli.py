@@ -22,7 +22,7 @@ from rich.text import Text
 from layerpy import __version__
 from layerpy.client import DEFAULT_SOCKET, TOKEN_VARIABLE, Client, ClientError
 from layerpy.config import Config, ConfigError, load
-from layerpy.config.starter import minos_candidates, starter
+from layerpy.config.starter import starter
 from layerpy.host import host_problems, interfaces
 from layerpy.text import printable
 
@@ -157,11 +157,7 @@ def init(interface: str, output: Path, force: bool) -> None:
             f"(ip address add 10.0.0.1/24 dev {interface}) and run this again"
         )
     chosen = present[interface][0]
-    minos = next(
-        (p for p in minos_candidates() if (p / "vmlinuz").is_file() and (p / "initrd").is_file()),
-        None,
-    )
-    text = starter(interface, chosen, minos)
+    text = starter(interface, chosen)
     if str(output) == "-":
         click.echo(text, nl=False)
         return

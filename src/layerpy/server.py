@@ -28,6 +28,7 @@ from layerpy.images import ImageStore
 from layerpy.lifecycle import Lifecycle
 from layerpy.model import Phase
 from layerpy.nodes import NodeStore
+from layerpy.notify import notify, reloading
 from layerpy.services import listeners
 from layerpy.services.api import build_api
 from layerpy.services.dhcp import other_servers, start_dhcp
@@ -69,7 +70,15 @@ class Server:
         return replace(config, server=replace(config.server, state_dir=self.state_dir))
 
     async def reload(self) -> dict[str, list[str]]:
-        """Re-read the node file and apply it whole, or refuse it whole."""
+        """Re-read the node file and apply it whole, or refuse it whole (the service
+        manager hears RELOADING, then READY either way)."""
+        reloading()
+        try:
+            return await self._reload()
+        finally:
+            notify("READY=1", f"STATUS=serving {len(self.config.nodes)} nodes")
+
+    async def _reload(self) -> dict[str, list[str]]:
         try:
             with collector_paused():
                 config = self._with_overrides(load(self.config.path))
@@ -340,10 +349,12 @@ async def serve(config: Config, *, state_dir: Path | None = None) -> None:
         raise
     _settle_heap()
     log.info("serving %d nodes from %s", len(config.nodes), config.path)
+    notify("READY=1", f"STATUS=serving {len(config.nodes)} nodes")
     watcher = asyncio.create_task(server.watch())
     try:
         await stopped
     finally:
+        notify("STOPPING=1")
         log.info("stopping")
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):

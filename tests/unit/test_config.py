@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from layerpy import bundle
 from layerpy.config import ConfigError, load
 from layerpy.server import collector_paused
 
@@ -451,3 +452,34 @@ def test_a_broken_file_read_with_the_collector_paused_leaves_it_running(write) -
         assert not gc.isenabled()
         load(path)
     assert gc.isenabled()
+
+
+MINOS_SECTION = '[minos]\nkernel = "vmlinuz"\ninitrd = "minos.img"\ncmdline = "console=ttyS0"\n'
+
+
+def test_without_minos_files_the_bundled_minos_boots(write, monkeypatch, tmp_path) -> None:
+    kernel, initrd = tmp_path / "bundled-vmlinuz", tmp_path / "bundled-initrd"
+    monkeypatch.setattr(bundle, "minos", lambda: (kernel, initrd))
+    config = load(write(VALID.replace(MINOS_SECTION, '[minos]\ncmdline = "quiet"\n')))
+    assert (config.minos.kernel, config.minos.initrd, config.minos.cmdline) == (
+        kernel,
+        initrd,
+        "quiet",
+    )
+    config = load(write(VALID.replace(MINOS_SECTION, "")))
+    assert config.minos.kernel == kernel
+
+
+def test_without_minos_files_or_a_bundled_minos_the_file_is_refused(write, monkeypatch) -> None:
+    monkeypatch.setattr(bundle, "minos", lambda: None)
+    with pytest.raises(ConfigError) as raised:
+        load(write(VALID.replace(MINOS_SECTION, "")))
+    assert [p.message for p in raised.value.problems] == [
+        "no kernel and initrd named, and this layerpy has no minOS of its own (build one with "
+        "minos/build.sh, or use layerpy.pyz, which carries one)"
+    ]
+    with pytest.raises(ConfigError) as raised:
+        load(write(VALID.replace('initrd = "minos.img"\n', "")))
+    assert [(p.key, p.message) for p in raised.value.problems] == [
+        ("minos.initrd", "missing: name the kernel and the initrd, or neither")
+    ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ipaddress import IPv4Address, IPv4Interface
 
+from layerpy import bundle
 from layerpy.config import parse
 from layerpy.config.starter import discovery_pool, starter
 
@@ -24,10 +25,11 @@ def test_the_pool_sits_at_the_top_of_the_subnet_away_from_the_server() -> None:
     assert discovery_pool(IPv4Interface("10.0.0.1/30")) is None
 
 
-def test_the_starter_file_loads_as_written(tmp_path) -> None:
+def test_the_starter_file_loads_as_written(tmp_path, monkeypatch) -> None:
     write_boot_files(tmp_path)
-    text = starter("eth1", IPv4Interface("192.168.7.1/24"), tmp_path)
-    text = text.replace('dir = "/usr/lib/ipxe"', f'dir = "{tmp_path / "ipxe"}"')
+    monkeypatch.setattr(bundle, "minos", lambda: (tmp_path / "vmlinuz", tmp_path / "initrd"))
+    monkeypatch.setattr(bundle, "ipxe_dir", lambda: tmp_path / "ipxe")
+    text = starter("eth1", IPv4Interface("192.168.7.1/24"))
     config = parse(text, tmp_path / "nodes.toml")
     assert (config.server.interface, str(config.server.address)) == ("eth1", "192.168.7.1")
     assert config.network.pool == (IPv4Address("192.168.7.188"), IPv4Address("192.168.7.250"))

@@ -7,6 +7,7 @@ import grp
 from pathlib import Path
 from typing import Any
 
+from layerpy import bundle
 from layerpy.config import values
 from layerpy.config.reading import Reader
 from layerpy.config.records import (
@@ -114,12 +115,22 @@ def minos(r: Reader, data: dict[str, Any]) -> MinosConfig | None:
 
     table = r.table(data, "minos", {"kernel", "initrd", "cmdline"})
     get = r.getter(table, "minos")
-    kernel = get("kernel", str, built, required=True)
-    initrd = get("initrd", str, built, required=True)
+    kernel, initrd = get("kernel", str, built), get("initrd", str, built)
     cmdline = get("cmdline", str, default="")
-    if kernel is None or initrd is None:
+    if "kernel" in table or "initrd" in table:
+        for key in ("kernel", "initrd"):
+            if key not in table:
+                r.problem(f"minos.{key}", "missing: name the kernel and the initrd, or neither")
+        return MinosConfig(kernel, initrd, cmdline) if kernel and initrd else None
+    bundled = bundle.minos()
+    if bundled is None:
+        r.problem(
+            "minos",
+            "no kernel and initrd named, and this layerpy has no minOS of its own (build one "
+            "with minos/build.sh, or use layerpy.pyz, which carries one)",
+        )
         return None
-    return MinosConfig(kernel, initrd, cmdline)
+    return MinosConfig(*bundled, cmdline)
 
 
 def ipxe(r: Reader, data: dict[str, Any], server: ServerConfig | None) -> IpxeConfig:
@@ -127,7 +138,7 @@ def ipxe(r: Reader, data: dict[str, Any], server: ServerConfig | None) -> IpxeCo
     table = r.table(data, "ipxe", {"dir", "bios", "uefi", "arm64"})
     get = r.getter(table, "ipxe")
     defaults = IpxeConfig()
-    directory = get("dir", str, r.path, default=defaults.directory)
+    directory = get("dir", str, r.path, default=bundle.ipxe_dir())
     config = IpxeConfig(
         directory,
         get("bios", str, values.plain_file_name, default=defaults.bios),

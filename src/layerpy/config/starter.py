@@ -4,18 +4,10 @@
 from __future__ import annotations
 
 from ipaddress import IPv4Address, IPv4Interface
-from pathlib import Path
 
-import layerpy
+from layerpy import bundle
 
 POOL_SIZE = 100  # addresses for machines no node claims yet, at most a quarter of the subnet
-
-
-def minos_candidates() -> list[Path]:
-    """Where a built minOS may be, first found first: beside the installed program (the
-    pyz and `layerpy install` put it there), then the checkout this code runs from."""
-    package = Path(layerpy.__file__).resolve().parent
-    return [package / "minos", package.parents[1] / "minos" / "out"]
 
 
 def discovery_pool(interface: IPv4Interface) -> tuple[IPv4Address, IPv4Address] | None:
@@ -33,7 +25,7 @@ def discovery_pool(interface: IPv4Interface) -> tuple[IPv4Address, IPv4Address] 
     return first, last
 
 
-def starter(name: str, interface: IPv4Interface, minos: Path | None) -> str:
+def starter(name: str, interface: IPv4Interface) -> str:
     """The node file text for serving on interface `name`, which carries `interface`."""
     address, subnet = interface.ip, interface.network
     pool = discovery_pool(interface)
@@ -42,12 +34,13 @@ def starter(name: str, interface: IPv4Interface, minos: Path | None) -> str:
         if pool
         else '# pool = "FIRST-LAST"  (this subnet is too small for a discovery pool)'
     )
-    kernel = minos / "vmlinuz" if minos else Path("/usr/local/lib/layerpy/minos/vmlinuz")
-    initrd = minos / "initrd" if minos else Path("/usr/local/lib/layerpy/minos/initrd")
-    minos_note = (
-        ""
+    minos = bundle.minos()
+    minos_lines = (
+        f"# kernel and initrd: the minOS layerpy carries ({minos[0].parent}); name others\n"
+        "# here to boot those (both, or neither)"
         if minos
-        else "# no built minOS was found: build it (minos/build.sh) and point these at it\n"
+        else "# this layerpy carries no minOS: build one (minos/build.sh) and name it here\n"
+        'kernel = "/path/to/vmlinuz"\ninitrd = "/path/to/initrd"'
     )
     return f"""\
 # layerpy node file for {name} ({interface}), written by `layerpy init`.
@@ -74,11 +67,11 @@ lease_time = 3600
 discover = true   # unknown machines boot the minOS and show up in `layerpy status`
 
 [minos]
-{minos_note}kernel = "{kernel}"
-initrd = "{initrd}"
+{minos_lines}
+cmdline = ""   # more kernel arguments for it, e.g. "console=ttyS0"
 
 [ipxe]
-dir = "/usr/lib/ipxe"   # Debian's ipxe package
+# dir: the iPXE binaries layerpy carries, else Debian's ipxe package's ({bundle.ipxe_dir()})
 bios = "undionly.kpxe"
 uefi = "snponly.efi"
 

@@ -1,0 +1,28 @@
+"""The boot files layerpy brings along: the minOS (kernel and initramfs) and the iPXE
+binaries. A node file that names no [minos] files, or no ipxe.dir, gets these.
+
+``layerpy.pyz`` (packaging/pyz.py) carries them in the package, under ``bundled/``; a
+checkout has them where minos/build.sh and Debian's ipxe package put them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PACKAGED = Path(__file__).resolve().parent / "bundled"
+CHECKOUT_MINOS = Path(__file__).resolve().parents[2] / "minos" / "out"
+DEBIAN_IPXE = Path("/usr/lib/ipxe")
+
+
+def minos() -> tuple[Path, Path] | None:
+    """(kernel, initramfs) of the bundled minOS, else of the checkout's; None without."""
+    for directory in (PACKAGED / "minos", CHECKOUT_MINOS):
+        kernel, initrd = directory / "vmlinuz", directory / "initrd"
+        if kernel.is_file() and initrd.is_file():
+            return kernel, initrd
+    return None
+
+
+def ipxe_dir() -> Path:
+    """The bundled iPXE binaries, else Debian's ipxe package's."""
+    return PACKAGED / "ipxe" if (PACKAGED / "ipxe").is_dir() else DEBIAN_IPXE
