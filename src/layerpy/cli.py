@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import json
 import logging
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -172,6 +173,38 @@ def init(interface: str, output: Path, force: bool) -> None:
     )
 
 
+@main.command()
+@click.option(
+    "--prefix", type=click.Path(path_type=Path), default=Path("/usr/local"), show_default=True,
+    help="Where the program goes (PREFIX/bin/layerpy, PREFIX/lib/layerpy/layerpy.pyz).",
+)  # fmt: skip
+@click.option("--nodes", type=int, default=0, help="Size LimitNOFILE= for this many nodes.")
+@click.option("--dry-run", is_flag=True, help="Say what it would do and print the unit.")
+def install(prefix: Path, nodes: int, dry_run: bool) -> None:
+    """Put the program and a hardened systemd unit in place (as root). Then: `layerpy init
+    INTERFACE`, `layerpy check`, `systemctl enable --now layerpy`."""
+    from layerpy import install as installing
+
+    try:
+        plan = installing.steps(prefix, nodes)
+    except ValueError as error:
+        _fail(str(error))
+    if dry_run:
+        for step in plan:
+            click.echo(f"would {step.says}")
+        click.echo(installing.unit(prefix / "bin" / "layerpy", nodes), nl=False)
+        return
+    try:
+        installing.run(plan, say=click.echo)
+    except (OSError, subprocess.CalledProcessError) as error:
+        _fail(f"install stopped: {error}", 1)
+    click.echo(
+        "install: done. Next: `layerpy init INTERFACE` (writes /etc/layerpy/nodes.toml), "
+        "`layerpy check`, then `systemctl enable --now layerpy`; files it reads (BMC "
+        f"passwords) must be readable by the user {installing.USER}."
+    )
+
+
 def _fail(message: str, code: int = 2) -> NoReturn:
     click.echo(f"layerpy: {message}", err=True)
     sys.exit(code)
@@ -188,16 +221,21 @@ SHOWN = 50  # nodes `layerpy check` lists (a table of 100 000 rows takes a minut
     is_flag=True,
     help="Check the file alone, not this host (for another host's file).",
 )
-def check(config_path: Path, show_all: bool, file_only: bool) -> None:
+@click.option("-q", "--quiet", is_flag=True, help="Print the problems only (for a unit's log).")
+def check(config_path: Path, show_all: bool, file_only: bool, quiet: bool) -> None:
     """Validate the node file and summarise it, then check this host can serve it (the
     interface carries server.address, the ports are free). Exit 2 when the file has a
     problem, 3 when only the host has one."""
     config = _load_or_exit(config_path)
-    _summarise(config, show_all)
+    if not quiet:
+        _summarise(config, show_all)
     if file_only:
         return
     problems = host_problems(config)
-    console.print("  host     " + ("ready to serve it" if not problems else "[red]not ready[/]"))
+    if not quiet:
+        console.print(
+            "  host     " + ("ready to serve it" if not problems else "[red]not ready[/]")
+        )
     for problem in problems:
         click.echo(f"    {printable(problem, 500)}")
     if problems:

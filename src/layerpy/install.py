@@ -1,0 +1,171 @@
+"""``layerpy install``: the program and a hardened systemd unit in place on a head node.
+
+The unit runs ``layerpy serve`` as the system user ``layerpy`` with one capability
+(CAP_NET_BIND_SERVICE: DHCP's and TFTP's ports; binding a socket to an interface needs
+none since Linux 5.7), writes only its state and cache directories, and tells systemd when
+it is ready, reloading and stopping (``Type=notify``). ``systemd-analyze security`` rates
+it 1.5 (OK). Everything the service must read (the node file, BMC password files) must be
+readable by that user; its state directory is /var/lib/layerpy, the node file's default.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+USER = "layerpy"
+PREFIX = Path("/usr/local")
+UNIT_PATH = Path("/etc/systemd/system/layerpy.service")
+FDS_PER_NODE = 4  # at a boot: an HTTP connection or two, a TFTP transfer, a BMC session
+MIN_NOFILE = 65536
+HIDDEN = (Path("/home"), Path("/root"), Path("/run/user"), Path("/tmp"), Path("/var/tmp"))
+"""What the unit's ProtectHome= and PrivateTmp= hide from the service."""
+
+SYSUSERS_PATH = Path("/etc/sysusers.d/layerpy.conf")
+SYSUSERS = f'u {USER} - "layerpy network boot server" /var/lib/layerpy /usr/sbin/nologin\n'
+
+UNIT = """\
+# Written by `layerpy install`; `layerpy install` again rewrites it.
+[Unit]
+Description=layerpy network boot and node lifecycle
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=notify
+NotifyAccess=main
+Environment=SHIV_ROOT=/var/cache/layerpy
+ExecStartPre={program} check --quiet
+ExecStart={program} serve
+ExecReload={program} reload
+Restart=on-failure
+RestartSec=2
+TimeoutStopSec=15
+LimitNOFILE={nofile}
+User={user}
+Group={user}
+StateDirectory=layerpy
+StateDirectoryMode=0700
+CacheDirectory=layerpy
+CacheDirectoryMode=0700
+ConfigurationDirectory=layerpy
+UMask=0077
+AmbientCapabilities=CAP_NET_BIND_SERVICE
+CapabilityBoundingSet=CAP_NET_BIND_SERVICE
+NoNewPrivileges=yes
+ProtectSystem=strict
+ProtectHome=yes
+PrivateTmp=yes
+PrivateDevices=yes
+PrivateMounts=yes
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
+ProtectProc=invisible
+ProcSubset=pid
+RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX AF_NETLINK
+RestrictNamespaces=yes
+RestrictRealtime=yes
+RestrictSUIDSGID=yes
+LockPersonality=yes
+MemoryDenyWriteExecute=yes
+SystemCallArchitectures=native
+SystemCallFilter=@system-service
+SystemCallFilter=~@resources @mount @swap @reboot @raw-io @module @obsolete @cpu-emulation @debug
+SystemCallErrorNumber=EPERM
+RemoveIPC=yes
+KeyringMode=private
+DevicePolicy=closed
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One thing install does, said before it is done (and all that --dry-run does)."""
+
+    says: str
+    argv: tuple[str, ...] = ()  # a command to run, or
+    write: tuple[Path, bytes, int] | None = None  # a file to write: path, content, mode
+    copy: tuple[Path, Path] | None = None  # a file to copy: from, to (mode 0755)
+
+
+def unit(program: Path, nodes: int) -> str:
+    """The unit text for `program`, its descriptor limit sized for `nodes` nodes."""
+    nofile = max(MIN_NOFILE, FDS_PER_NODE * nodes + 1024)
+    return UNIT.format(program=program, nofile=nofile, user=USER)
+
+
+def running_pyz() -> Path | None:
+    """The layerpy.pyz this process runs from, if it does."""
+    path = Path(sys.argv[0]).resolve()
+    return path if path.is_file() and zipfile.is_zipfile(path) else None
+
+
+def steps(prefix: Path, nodes: int) -> list[Step]:
+    """What installing takes on this host; ValueError when this layerpy cannot be run by the
+    service where it is (a venv under /root, say)."""
+    plan = [Step(f"write {SYSUSERS_PATH}", write=(SYSUSERS_PATH, SYSUSERS.encode(), 0o644))]
+    try:
+        pwd.getpwnam(USER)
+    except KeyError:
+        plan.append(Step(
+            f"add the system user {USER} (systemd-sysusers: home /var/lib/layerpy, no login)",
+            argv=("systemd-sysusers", str(SYSUSERS_PATH)),
+        ))  # fmt: skip
+    program = prefix / "bin" / "layerpy"
+    pyz = running_pyz()
+    if pyz is not None:
+        installed = prefix / "lib" / "layerpy" / "layerpy.pyz"
+        wrapper = f'#!/bin/sh\nexec /usr/bin/python3 {installed} "$@"\n'.encode()
+        if pyz != installed:
+            plan.append(Step(f"copy {pyz} to {installed}", copy=(pyz, installed)))
+        plan.append(Step(f"write {program}, which runs it", write=(program, wrapper, 0o755)))
+    else:
+        entry = Path(sys.executable).parent / "layerpy"
+        if any(entry.is_relative_to(hidden) for hidden in HIDDEN):
+            raise ValueError(
+                f"{entry} is under a directory the service cannot see (ProtectHome=, "
+                "PrivateTmp=): install from layerpy.pyz, or from a venv under /opt"
+            )
+        if program != entry:
+            plan.append(
+                Step(f"link {program} to {entry}", argv=("ln", "-sfn", str(entry), str(program)))
+            )
+    plan.append(Step(f"write {UNIT_PATH}", write=(UNIT_PATH, unit(program, nodes).encode(), 0o644)))
+    if Path("/run/systemd/system").is_dir():  # systemd runs this host
+        plan.append(Step("tell systemd (daemon-reload)", argv=("systemctl", "daemon-reload")))
+    return plan
+
+
+def run(plan: list[Step], say=print) -> None:
+    """Carry the steps out in order; the first failure raises (OSError or CalledProcessError)."""
+    for step in plan:
+        say(f"install: {step.says}")
+        if step.argv:
+            subprocess.run(step.argv, check=True)
+        elif step.write is not None:
+            path, content, mode = step.write
+            path.parent.mkdir(parents=True, exist_ok=True)
+            part = path.with_name(path.name + ".part")
+            part.write_bytes(content)
+            part.chmod(mode)
+            os.replace(part, path)
+        elif step.copy is not None:
+            source, target = step.copy
+            target.parent.mkdir(parents=True, exist_ok=True)
+            part = target.with_name(target.name + ".part")
+            shutil.copyfile(source, part)
+            part.chmod(0o755)
+            os.replace(part, target)
