@@ -1,20 +1,29 @@
 #!/bin/bash
-# Build the layerpy minOS: Debian's cloud kernel + a tiny initramfs (busybox-static,
-# Debian's python3.11 with the stdlib trimmed to what the agent imports, the agent).
+# Build the layerpy minOS: a Debian kernel + a tiny initramfs (busybox-static, Debian's
+# python3.11 with the stdlib trimmed to what the agent imports, the agent, and the kernel
+# modules of the NICs servers have, loaded at boot for the hardware found).
 #
-#   minos/build.sh [--force] [--compress auto|gzip|zstd]
+#   minos/build.sh [--force] [--compress auto|gzip|zstd] [--flavour generic|cloud]
 #
-# Outputs minos/out/vmlinuz and minos/out/minos.cpio.{gz,zst} (plus minos/out/initrd, a
-# symlink to whichever was built, and BUILDINFO). Run as root on Debian 12: it only
-# downloads .debs (apt-get download) and unpacks them (dpkg-deb -x); nothing is installed.
+# Flavours: generic (the default, for real machines): Debian's linux-image-amd64 kernel,
+# with the drivers of the common server NICs (Intel e1000e, igb, ixgbe, i40e, ice;
+# Broadcom bnxt_en, tg3; Mellanox mlx5; Realtek r8169, 8139too, 8139cp; VMware vmxnet3;
+# virtio);
+# cloud (an explicit choice): Debian's cloud kernel, virtio only, which QEMU VMs and cloud
+# instances boot faster. Outputs minos/out/ (generic) or minos/out-cloud/: vmlinuz and
+# minos.cpio.{gz,zst} (plus initrd, a symlink to whichever was built, and BUILDINFO). Run
+# as root on Debian 12: it only downloads .debs (apt-get download) and unpacks them
+# (dpkg-deb -x); nothing is installed. See minos/README.md to add a driver or firmware.
 #
 # Cached: when the inputs (deb versions, minos/ files, the agent sources, options) hash to
 # the stamp of the last build, it prints "up to date" and exits. Reproducible: sorted cpio
 # entries, mtimes from SOURCE_DATE_EPOCH, owner 0:0, gzip -n / zstd, hash-based .pyc.
 #
 # Environment: LAYERPY_CACHE (default /var/cache/layerpy: debs/ and minos-build/),
-# SOURCE_DATE_EPOCH (default 1704067200), LAYERPY_KERNEL_PKG (default: what
-# linux-image-cloud-amd64 depends on), LAYERPY_MINOS_MODULES (extra module names).
+# SOURCE_DATE_EPOCH (default 1704067200), LAYERPY_KERNEL_PKG (default: what the flavour's
+# linux-image-amd64 or linux-image-cloud-amd64 depends on), LAYERPY_MINOS_MODULES (extra
+# module names), LAYERPY_MINOS_FIRMWARE (extra firmware files, paths under /lib/firmware
+# of the packages in LAYERPY_MINOS_FIRMWARE_DEBS).
 set -euo pipefail
 umask 022
 export LC_ALL=C TZ=UTC
@@ -25,32 +34,42 @@ SRC=$REPO/src/layerpy
 CACHE=${LAYERPY_CACHE:-/var/cache/layerpy}
 DEBS=$CACHE/debs
 WORK=$CACHE/minos-build # scratch: wiped at the start of every build
-OUT=$HERE/out
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-1704067200}
 mkdir -p "$CACHE"
 exec 9>"$CACHE/minos-build.lock"
 flock 9 # one build at a time: they share the scratch directory
 
-# Kernel modules: the NIC (virtio-net: the cloud kernel has no e1000), and what running
-# system images needs later (overlay, squashfs, loop). Their dependencies come along.
-MODULES="virtio_pci virtio_net overlay squashfs loop ${LAYERPY_MINOS_MODULES:-}"
 PACKAGES="busybox-static python3.11-minimal libpython3.11-minimal libpython3.11-stdlib
-libc6 zlib1g libexpat1"
+libc6 zlib1g libexpat1 ${LAYERPY_MINOS_FIRMWARE_DEBS:-}"
 
 ARGS=("$@")
 FORCE=0
 COMPRESS=auto
+FLAVOUR=${LAYERPY_MINOS_FLAVOUR:-generic}
 while [ $# -gt 0 ]; do
     case "$1" in
     --force) FORCE=1 ;;
     --compress) COMPRESS=${2:?}; shift ;;
     --compress=*) COMPRESS=${1#*=} ;;
-    -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
+    --flavour) FLAVOUR=${2:?}; shift ;;
+    --flavour=*) FLAVOUR=${1#*=} ;;
+    -h | --help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
 done
 case "$COMPRESS" in auto | gzip | zstd) ;; *) echo "build.sh: --compress auto|gzip|zstd" >&2; exit 2 ;; esac
+# Kernel modules: the NICs, and what running system images needs (overlay, squashfs,
+# loop). Their dependencies come along; /init loads what the hardware found asks for.
+case "$FLAVOUR" in
+generic)
+    META=linux-image-amd64 OUT=$HERE/out
+    NICS="virtio_pci virtio_net e1000 e1000e igb ixgbe i40e ice bnxt_en tg3 mlx5_core r8169
+    8139too 8139cp vmxnet3" ;;
+cloud) META=linux-image-cloud-amd64 OUT=$HERE/out-cloud NICS="virtio_pci virtio_net" ;;
+*) echo "build.sh: --flavour generic|cloud" >&2; exit 2 ;;
+esac
+MODULES=$(echo $NICS overlay squashfs loop ${LAYERPY_MINOS_MODULES:-})
 
 log() { echo "minos: $*" >&2; }
 die() { echo "minos: error: $*" >&2; exit 1; }
@@ -78,16 +97,16 @@ apt_retry() { # run "$@"; on failure refresh the lists once and retry
 }
 kernel_pkg() {
     if [ -n "${LAYERPY_KERNEL_PKG:-}" ]; then echo "$LAYERPY_KERNEL_PKG"; return; fi
-    apt-cache show --no-all-versions linux-image-cloud-amd64 2>/dev/null |
+    apt-cache show --no-all-versions "$META" 2>/dev/null |
         sed -n 's/^Depends: //p' | tr ',|' '\n\n' | awk '{print $1}' |
-        grep -E '^linux-image-[0-9].*-cloud-amd64$' | head -n1
+        grep -E "^linux-image-[0-9].*-${META#linux-image-}\$" | head -n1
 }
 KPKG=$(kernel_pkg || true)
 if [ -z "$KPKG" ]; then
     apt-get update -qq >&2
     KPKG=$(kernel_pkg) || true
 fi
-[ -n "$KPKG" ] || die "cannot resolve linux-image-cloud-amd64 to a kernel package"
+[ -n "$KPKG" ] || die "cannot resolve $META to a kernel package"
 # shellcheck disable=SC2086
 URIS=$(apt_retry apt-get download --print-uris "$KPKG" $PACKAGES) || die "apt-get download --print-uris failed"
 # lines: 'URI' FILENAME SIZE SHA256:HEX  -> "FILENAME HEX"
@@ -97,12 +116,13 @@ DEBLIST=$(echo "$URIS" | awk '{ sub(/^SHA256:/, "", $4); print $2, $4 }' | sort)
 # --- 2. input hash: deb versions + minos/ + agent sources + options ---
 input_files() {
     (cd "$REPO" && find minos src/layerpy/agent src/layerpy/proto -type f \
-        ! -path 'minos/out/*' ! -name '*.pyc' ! -path '*/__pycache__/*' -print
+        ! -path 'minos/out/*' ! -path 'minos/out-cloud/*' ! -name '*.pyc' ! -path '*/__pycache__/*' -print
     echo src/layerpy/__init__.py) | sort
 }
 INPUT_HASH=$({
     echo "$DEBLIST"
     echo "opts compress=$COMPRESS epoch=$SOURCE_DATE_EPOCH kernel=$KPKG modules=$MODULES"
+    echo "firmware=${LAYERPY_MINOS_FIRMWARE:-}"
     input_files | (cd "$REPO" && xargs sha256sum)
 } | sha256sum | cut -c1-64)
 
@@ -235,6 +255,11 @@ done | awk '$1 == "insmod" { print $2 }' | sort -u | while read -r ko; do
     install -m 0644 "$ko" "$RFS/$rel"
 done
 cp "$ROOT/$MODDIR/modules.builtin" "$ROOT/$MODDIR/modules.builtin.modinfo" "$RFS/$MODDIR/"
+# firmware files some NICs load (from the packages in LAYERPY_MINOS_FIRMWARE_DEBS)
+for fw in ${LAYERPY_MINOS_FIRMWARE:-}; do
+    [ -f "$ROOT/lib/firmware/$fw" ] || die "firmware $fw is in none of: ${LAYERPY_MINOS_FIRMWARE_DEBS:-(no debs)}"
+    install -D -m 0644 "$ROOT/lib/firmware/$fw" "$RFS/lib/firmware/$fw"
+done
 (cd "$RFS/$MODDIR" && find kernel -name '*.ko' | sort) >"$WORK/kept.ko"
 grep -Fxf "$WORK/kept.ko" "$ROOT/$MODDIR/modules.order" >"$RFS/$MODDIR/modules.order" || true
 depmod -b "$RFS" "$KVER"

@@ -35,6 +35,7 @@ HERE = Path(__file__).resolve().parent
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
 OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
 FIRMWARES = ("bios", "uefi", "uefi-pxe", "uefi-http")
+NICS = ("virtio-net-pci", "e1000e", "e1000", "rtl8139", "vmxnet3")
 PR_SET_PDEATHSIG = 1
 BRIDGE_MAC = "02:4c:50:00:00:01"  # locally administered, fixed (see Lab._network)
 ANSI = re.compile(rb"\x1b\[[0-9;?=]*[A-Za-z]")  # SeaBIOS, iPXE and OVMF colour and cursor
@@ -51,10 +52,13 @@ class VmSpec:
     firmware: str = "bios"
     memory_mb: int = 256
     powered_off: bool = False  # start with the CPU stopped (-S): only its BMC turns it on
+    nic: str = "virtio-net-pci"  # QEMU's NIC model: e1000e, rtl8139, vmxnet3 as on real servers
 
     def __post_init__(self) -> None:
         if self.firmware not in FIRMWARES:
             raise ValueError(f"{self.name}: firmware {self.firmware!r} not in {FIRMWARES}")
+        if self.nic not in NICS:
+            raise ValueError(f"{self.name}: NIC {self.nic!r} not in {NICS}")
         if not re.fullmatch(r"[A-Za-z0-9_]{1,11}", self.name):  # tap-<name> fits IFNAMSIZ
             raise ValueError(f"VM name {self.name!r}: 1-11 letters, digits or _")
 
@@ -74,14 +78,15 @@ class VmSpec:
 def qemu_command(spec: VmSpec, run_dir: Path) -> list[str]:
     """The QEMU command line for one VM (see README.md for why each flag is there).
 
-    The NIC keeps QEMU's default ROM, efi-virtio.rom (iPXE, legacy and EFI images): QEMU
+    The NIC keeps QEMU's default ROM (efi-virtio.rom, efi-e1000e.rom, …: iPXE, legacy and
+    EFI images, from Debian's ipxe-qemu): QEMU
     patches the PCI device ID only into a default ROM, so naming any iPXE ROM explicitly
     leaves its ID 1af4:1041 on a 1af4:1000 device and SeaBIOS silently skips it.
     No ``-no-reboot``: it turns every reset, including QMP ``system_reset``, into an exit.
     ``reboot-timeout`` instead makes SeaBIOS retry a failed netboot after 1 s, forever.
     """
     run_dir = run_dir.resolve()
-    nic = f"virtio-net-pci,netdev=net0,mac={spec.mac},bootindex=1"
+    nic = f"{spec.nic},netdev=net0,mac={spec.mac},bootindex=1"
     if spec.firmware in ("uefi-pxe", "uefi-http"):
         nic += ",romfile="  # no iPXE ROM: OVMF's own VirtioNetDxe + PXE (or HTTP boot)
     cmd = [

@@ -96,12 +96,17 @@ class LabSession:
     def nodes(self) -> dict[str, dict[str, Any]]:
         return {node["name"]: node for node in self.api("/api/v1/nodes") or []}
 
-    def start(self, *names: str, firmware: dict[str, str] | None = None) -> list[Vm]:
-        """Start lab machines (with another `firmware` for some, by name); the ones with a
-        BMC stay off until layerpy powers them on."""
-        other = firmware or {}
-        specs = [replace(MACHINES[name], firmware=other.get(name, MACHINES[name].firmware))
-                 for name in names]  # fmt: skip
+    def start(
+        self, *names: str, firmware: dict[str, str] | None = None, nic: dict[str, str] | None = None
+    ) -> list[Vm]:
+        """Start lab machines (with another `firmware` or `nic` model for some, by name);
+        the ones with a BMC stay off until layerpy powers them on."""
+        firmware, nic = firmware or {}, nic or {}
+        specs = [
+            replace(MACHINES[name], firmware=firmware.get(name, MACHINES[name].firmware),
+                    nic=nic.get(name, MACHINES[name].nic))
+            for name in names
+        ]  # fmt: skip
         vms = [self.lab.add_vm(spec) for spec in specs]
         for name in names:
             if name in BMCS:
