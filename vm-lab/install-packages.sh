@@ -22,10 +22,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# ...and their postinst enables them at boot all the same: undo that, every run.
-for package in "$@"; do
+# ...and their postinst enables them at boot all the same: undo that, for what this run
+# installed (a package that was here before, and an admin's choices, stay as they were).
+for package in "${missing[@]}"; do
   for unit in $(dpkg -L "$package" 2>/dev/null \
-      | sed -nE 's#^/(usr/)?lib/systemd/system/([^/@]+\.service)$#\2#p; s#^/etc/init\.d/([^/]+)$#\1#p' \
+      | sed -nE 's#^/(usr/)?lib/systemd/system/([^/@]+\.(service|socket|timer|path|target))$#\2#p; s#^/etc/init\.d/([^/]+)$#\1#p' \
       | sed -E 's/\.service$//' | sort -u); do
     if [ "$(systemctl is-enabled "$unit" 2>/dev/null)" = enabled ]; then
       systemctl disable --quiet "$unit" 2>/dev/null

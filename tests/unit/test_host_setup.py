@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-UNIT = re.compile(r"^/(?:usr/)?lib/systemd/system/([^/@]+)\.service$|^/etc/init\.d/([^/]+)$")
+UNIT = re.compile(
+    r"^/(?:usr/)?lib/systemd/system/([^/@]+\.(?:socket|timer|path|target)|[^/@]+(?=\.service$))"
+    r"(?:\.service)?$|^/etc/init\.d/([^/]+)$"
+)
 
 
 def setup_packages() -> list[str]:
