@@ -210,6 +210,39 @@ def _fail(message: str, code: int = 2) -> NoReturn:
     sys.exit(code)
 
 
+@main.command()
+@click.argument("node")
+@click.argument("path", required=False)
+@CONFIG_OPTION
+def render(node: str, path: str | None, config_path: Path) -> None:
+    """The files NODE gets (path, mode, owner, size, digest) and their revision, or PATH's
+    content; a secret's bytes are never shown."""
+    from layerpy.files import RenderError, files_for, revision
+
+    config = _load_or_exit(config_path)
+    if node not in config.nodes:
+        _fail(f"{config.path} has no node {node}")
+    try:
+        made = files_for(config, node)
+    except RenderError as error:
+        _fail(str(error), 1)
+    if path is None:
+        click.echo(f"{node}: revision {revision(made)}, {len(made)} file(s)")
+        for file in made:
+            kind = "secret" if file.secret else "template"
+            click.echo(f"  {file.path}  {file.mode:04o} {file.owner}  {len(file.content)} B  "
+                       f"{file.digest[:19]}  {kind} {file.source}")  # fmt: skip
+        return
+    chosen = next((file for file in made if file.path == path), None)
+    if chosen is None:
+        _fail(f"{node} gets no {path} (`layerpy render {node}` lists what it gets)")
+    if chosen.secret:
+        click.echo(f"(secret: {len(chosen.content)} bytes from {chosen.source}, "
+                   f"{chosen.digest}; not shown)")  # fmt: skip
+        return
+    click.echo(chosen.content.decode(), nl=False)
+
+
 SHOWN = 50  # nodes `layerpy check` lists (a table of 100 000 rows takes a minute)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Iterable
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 MAX_EXPANSION = 100_000
@@ -112,3 +113,45 @@ def _expand_one(pattern: _Pattern) -> list[str]:
                 [str(n).zfill(width) for low, high, width in piece for n in range(low, high + 1)]
             )
     return ["".join(combo) for combo in itertools.product(*choices)]
+
+
+_NUMBERED = re.compile(r"^(.*?)(\d+)$")
+
+
+def fold(names: Iterable[str]) -> str:
+    """The hostlist of these names as Slurm and ClusterShell write it: numbered names with
+    one prefix become ranges (cn001 cn002 cn003 cn007 -> ``cn[001-003,007]``); expand()
+    gives the names back, sorted by prefix and number."""
+    padded: dict[tuple[str, int], set[int]] = {}  # (prefix, width): numbers like 007
+    natural: dict[str, set[str]] = {}  # prefix: digits without a leading zero
+    plain: set[str] = set()
+    for name in names:
+        found = _NUMBERED.match(name)
+        if found is None:
+            plain.add(name)
+        elif found.group(2)[0] == "0" and len(found.group(2)) > 1:
+            padded.setdefault((found.group(1), len(found.group(2))), set()).add(int(found.group(2)))
+        else:
+            natural.setdefault(found.group(1), set()).add(found.group(2))
+    runs: dict[tuple[str, int], set[int]] = dict(padded)
+    for prefix, numbers in natural.items():
+        for digits in numbers:  # 100 joins cn[001-099] (same width); else unpadded ranges
+            width = len(digits) if (prefix, len(digits)) in padded else 0
+            runs.setdefault((prefix, width), set()).add(int(digits))
+    parts = [_fold_one(prefix, width, numbers) for (prefix, width), numbers in sorted(runs.items())]
+    return ",".join(sorted(plain) + parts)
+
+
+def _fold_one(prefix: str, width: int, numbers: set[int]) -> str:
+    ordered = sorted(numbers)
+    spans: list[tuple[int, int]] = []
+    for n in ordered:
+        if spans and n == spans[-1][1] + 1:
+            spans[-1] = (spans[-1][0], n)
+        else:
+            spans.append((n, n))
+    text = ",".join(
+        str(a).zfill(width) if a == b else f"{str(a).zfill(width)}-{str(b).zfill(width)}"
+        for a, b in spans
+    )
+    return f"{prefix}{text}" if len(ordered) == 1 else f"{prefix}[{text}]"

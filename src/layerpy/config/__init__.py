@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from layerpy.config import boot, images, nodes
+from layerpy.config import boot, files, images, nodes
 from layerpy.config.reading import Reader, line_of_syntax_error
 from layerpy.config.records import (
     DHCP_MODES,
@@ -22,6 +22,7 @@ from layerpy.config.records import (
     ApiConfig,
     Config,
     ConfigError,
+    FileConfig,
     ImageConfig,
     IpxeConfig,
     MinosConfig,
@@ -39,6 +40,7 @@ __all__ = [
     "ApiConfig",
     "Config",
     "ConfigError",
+    "FileConfig",
     "ImageConfig",
     "IpxeConfig",
     "MinosConfig",
@@ -52,7 +54,9 @@ __all__ = [
     "parse",
 ]
 
-SECTIONS = ("server", "network", "minos", "ipxe", "api", "images", "switches", "groups", "nodes")
+SECTIONS = (
+    "server", "network", "minos", "ipxe", "api", "images", "switches", "groups", "nodes", "files"
+)  # fmt: skip
 
 
 def load(path: str | Path) -> Config:
@@ -95,6 +99,8 @@ def _read(r: Reader, data: dict[str, Any]) -> Config | None:
     switches = nodes.switches(r, data)
     all_nodes = nodes.read(r, data, network, server)
     nodes.check_references(r, all_nodes, known_images, switches)
+    node_files = files.read(r, data, known_images, all_nodes)
     if server is None or network is None or minos is None or r.problems:
         return None
-    return Config(r.file, server, network, minos, ipxe, api, known_images, switches, all_nodes)
+    return Config(r.file, server, network, minos, ipxe, api, known_images, switches, all_nodes,
+                  node_files)  # fmt: skip

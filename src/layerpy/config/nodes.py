@@ -23,7 +23,7 @@ from layerpy.config.records import (
 )
 from layerpy.power.base import DRIVERS, PowerSpec
 
-NODE_KEYS = {"ip", "mac", "power", "bmc", "image", "location"}
+NODE_KEYS = {"ip", "mac", "power", "bmc", "image", "location", "vars"}
 GROUP_KEYS = NODE_KEYS | {"nodes"}
 SWITCH_KEYS = {"chassis_id", "relay", "remote_id"}
 BMC_KEYS = {"driver", "address", "user", "password_file", "password_env", "verify_tls", "port"}
@@ -117,6 +117,7 @@ def _group(r: Reader, name: str, table: Any, ip_required: bool) -> Iterator[Node
     power = get("power", str, values.choice(POWER_STATES), default="on")
     image = get("image", str)
     locations = get("location", str, values.locations)
+    variables = get("vars", dict, default={})  # one dict for the group's nodes
     if names is None or (ips is None and ip_required):
         return
     bmcs = _bmcs(r, table.get("bmc"), f"{prefix}.bmc", names)
@@ -131,7 +132,7 @@ def _group(r: Reader, name: str, table: Any, ip_required: bool) -> Iterator[Node
         bmc = bmcs[index] if bmcs else None
         location = locations[index] if locations else None
         ip = ips[index] if ips else None
-        yield NodeConfig(node_name, ip, mac, name, power or "on", bmc, image, location)
+        yield NodeConfig(node_name, ip, mac, name, power or "on", bmc, image, location, variables)
 
 
 def _override(
@@ -156,10 +157,11 @@ def _override(
     location = locations[0] if locations else None
     bmcs = _bmcs(r, table.get("bmc"), f"{prefix}.bmc", [name])
     bmc = bmcs[0] if bmcs else None
+    own = get("vars", dict)
     if base is None:
         if ip is None and ip_required:
             return None
-        return NodeConfig(name, ip, mac, None, power or "on", bmc, image, location)
+        return NodeConfig(name, ip, mac, None, power or "on", bmc, image, location, own or {})
     return replace(
         base,
         ip=ip or base.ip,
@@ -168,6 +170,7 @@ def _override(
         bmc=bmc or base.bmc,
         image=image or base.image,
         location=location or base.location,
+        vars={**base.vars, **own} if own else base.vars,
     )
 
 

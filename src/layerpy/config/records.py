@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
+from typing import Any
 
 from layerpy.images.source import ImageSource
 from layerpy.power.base import PowerSpec
@@ -149,6 +150,32 @@ class NodeConfig:
     bmc: PowerSpec | None = None
     image: str | None = None
     location: tuple[str, str] | None = None  # (switch, port)
+    # the user's variables for its files' templates: its group's, then its own (shared
+    # between a group's nodes until a node sets its own)
+    vars: dict[str, Any] = field(default_factory=dict, hash=False)
+
+
+@dataclass(frozen=True)
+class FileConfig:
+    """A file nodes get inside their system image: a Jinja2 template rendered per node, or
+    a secret file's bytes; for every node, or those of some images, groups or names."""
+
+    path: str  # absolute and normalised, inside the image
+    source: Path  # the template or the secret on the server
+    secret: bool
+    mode: int
+    owner: str  # "user:group" (names are looked up in the image) or "uid:gid"
+    apply: str | None = None  # a command run in the node's container after a change
+    images: frozenset[str] | None = None
+    groups: frozenset[str] | None = None
+    nodes: frozenset[str] | None = None
+
+    def wanted_by(self, node: NodeConfig) -> bool:
+        return (
+            (self.images is None or node.image in self.images)
+            and (self.groups is None or node.group in self.groups)
+            and (self.nodes is None or node.name in self.nodes)
+        )
 
 
 @dataclass(frozen=True)
@@ -162,6 +189,7 @@ class Config:
     images: dict[str, ImageConfig] = field(default_factory=dict)
     switches: dict[str, SwitchConfig] = field(default_factory=dict)
     nodes: dict[str, NodeConfig] = field(default_factory=dict)
+    files: dict[str, FileConfig] = field(default_factory=dict)
 
     @cached_property
     def relays(self) -> frozenset[IPv4Address]:

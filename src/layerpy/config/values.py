@@ -168,3 +168,10 @@ def choice(options: tuple[str, ...]) -> Callable[[str], str]:
         return value
 
     return check
+
+
+def command_line(value: str) -> str:
+    """One printable line (a command the node runs), at most 1 000 characters."""
+    if not value.strip() or not value.isprintable() or len(value) > 1000:
+        raise ValueError("must be one printable line of at most 1 000 characters")
+    return value

@@ -1,0 +1,130 @@
+"""The [files."PATH"] tables: what each node gets inside its system image, and the
+[groups.NAME.vars] and [nodes.NAME.vars] its templates see (read in nodes.py).
+
+    [files."/etc/slurm/slurm.conf"]
+    template = "templates/slurm.conf.j2"   # Jinja2, rendered per node on the server
+    mode = "0644"                          # default 0644; secrets 0400
+    owner = "slurm:slurm"                  # default root:root
+    apply = "systemctl restart slurmd"     # run in the node's container after a change
+    images = ["slurm"]                     # only nodes running these images,
+    groups = ["compute"]                   # of these groups,
+    nodes = "cn[001-004]"                  # with these names (all three optional)
+
+    [files."/etc/munge/munge.key"]
+    secret = "secrets/munge.key"           # the bytes as they are; never world-readable
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import stat
+from typing import Any
+
+from layerpy import hostlist
+from layerpy.config import values
+from layerpy.config.reading import Reader
+from layerpy.config.records import FileConfig, ImageConfig, NodeConfig
+
+FILE_KEYS = {"template", "secret", "mode", "owner", "apply", "images", "groups", "nodes"}
+_OWNER = re.compile(
+    r"^(?:[a-z_][a-z0-9_-]{0,31}|\d{1,10})(?::(?:[a-z_][a-z0-9_-]{0,31}|\d{1,10}))?$"
+)
+_FORBIDDEN = ("/proc", "/sys", "/dev", "/run/layerpy")  # the runtime's, not the image's
+MAX_SOURCE = 1 << 20
+
+
+def read(
+    r: Reader, data: dict[str, Any], images: dict[str, ImageConfig], nodes: dict[str, NodeConfig]
+) -> dict[str, FileConfig]:
+    files = {}
+    groups = {node.group for node in nodes.values() if node.group}
+    for path, prefix, get in r.named_tables(data, "files", FILE_KEYS):
+        problem = _path_problem(path)
+        if problem:
+            r.problem(prefix, problem)
+            continue
+        template, secret = get("template", str, r.path), get("secret", str, r.path)
+        if (template is None) == (secret is None):
+            r.problem(prefix, "needs a template or a secret (one of them)")
+            continue
+        source = template or secret
+        mode = get("mode", str, _mode, default=0o400 if secret else 0o644)
+        owner = get("owner", str, _owner, default="root:root")
+        apply = get("apply", str, values.command_line)
+        chosen_images = get("images", list, values.string_list)
+        chosen_groups = get("groups", list, values.string_list)
+        chosen_nodes = get("nodes", str, hostlist.expand)
+        chosen = {"images": chosen_images, "groups": chosen_groups, "nodes": chosen_nodes}
+        known = {"images": set(images), "groups": groups, "nodes": set(nodes)}
+        for key, names in chosen.items():
+            unknown = sorted(set(names or ()) - known[key])
+            if unknown:
+                r.problem(f"{prefix}.{key}", f"names no such {key[:-1]}: {', '.join(unknown)}")
+        if secret is not None and mode is not None and mode & 0o077:
+            r.problem(
+                f"{prefix}.mode", f"{mode:04o} lets others read a secret on the node (0400 or 0600)"
+            )
+        if not _source_ok(r, prefix, source, secret is not None):
+            continue
+        files[path] = FileConfig(
+            path, source, secret is not None, mode if mode is not None else 0o644,
+            owner or "root:root", apply,
+            frozenset(chosen_images) if chosen_images is not None else None,
+            frozenset(chosen_groups) if chosen_groups is not None else None,
+            frozenset(chosen_nodes) if chosen_nodes is not None else None,
+        )  # fmt: skip
+    return files
+
+
+def _path_problem(path: str) -> str | None:
+    if not path.startswith("/") or posixpath.normpath(path) != path or path == "/":
+        return f"{path!r} must be an absolute, normalised path of a file, like /etc/hosts"
+    if not path.isprintable() or len(path) > 255 or "\\" in path:
+        return f"{path!r} must be printable and at most 255 characters"
+    if any(path == top or path.startswith(top + "/") for top in _FORBIDDEN):
+        return f"{path} is under {', '.join(_FORBIDDEN)}, which the node's runtime owns"
+    return None
+
+
+def _mode(value: str) -> int:
+    if not re.fullmatch(r"0?[0-7]{3,4}", value) or int(value, 8) > 0o7777:
+        raise ValueError(f'{value!r} must be an octal mode like "0644"')
+    return int(value, 8)
+
+
+def _owner(value: str) -> str:
+    if not _OWNER.match(value):
+        raise ValueError(f"{value!r} must be user or user:group (names or numbers)")
+    return value if ":" in value else f"{value}:{value}"
+
+
+def _source_ok(r: Reader, prefix: str, source: Any, secret: bool) -> bool:
+    key = f"{prefix}.{'secret' if secret else 'template'}"
+    try:
+        info = source.stat()
+        text = source.read_bytes() if info.st_size <= MAX_SOURCE else None
+    except OSError as error:
+        r.problem(key, f"cannot read {source}: {error.strerror}")
+        return False
+    if text is None:
+        r.problem(key, f"{source} is over {MAX_SOURCE} bytes")
+        return False
+    if secret:
+        if info.st_mode & stat.S_IROTH:
+            r.problem(key, f"{source} is readable by every user of this host: chmod o-r it")
+            return False
+        return True
+    from jinja2 import TemplateSyntaxError
+
+    from layerpy.files import compile_template
+
+    try:
+        compile_template(text.decode("utf-8"))
+    except UnicodeDecodeError:
+        r.problem(key, f"{source} is not UTF-8 text")
+        return False
+    except TemplateSyntaxError as error:
+        r.problem(key, f"{source} line {error.lineno}: {error.message}")
+        return False
+    return True
