@@ -329,6 +329,47 @@ def reload(api: Client) -> None:
 
 
 @main.command()
+@click.option("--list", "list_all", is_flag=True, help="Every group and host, with host variables.")
+@click.option("--host", help="One host's variables.")
+@operator_api
+def inventory(api: Client, list_all: bool, host: str | None) -> None:
+    """The nodes as an Ansible dynamic inventory: groups from the node file, and as host
+    variables each node's address (ansible_host), image, location, state and vars.
+    `ansible-inventory -i layerpy-inventory --list` runs it (layerpy-inventory is this
+    command as the executable Ansible expects)."""
+    if list_all == (host is not None):
+        _fail("give --list or --host NAME (as Ansible does)")
+    nodes = {node["name"]: node for node in api.call("/api/v1/nodes")}
+    if host is not None:
+        click.echo(json.dumps(_host_vars(nodes[host]) if host in nodes else {}, indent=1))
+        return
+    groups: dict[str, list[str]] = {}
+    for name, node in nodes.items():
+        groups.setdefault(node["group"] or "ungrouped", []).append(name)
+    listed: dict[str, Any] = {"all": {"children": sorted(groups)}}
+    listed.update({group: {"hosts": names} for group, names in groups.items()})
+    listed["_meta"] = {"hostvars": {name: _host_vars(node) for name, node in nodes.items()}}
+    click.echo(json.dumps(listed, indent=1))
+
+
+def _host_vars(node: dict[str, Any]) -> dict[str, Any]:
+    """A node's host variables: its own vars, then what layerpy knows (layerpy_*)."""
+    seen = node["location"]  # where it was last found plugged in, if it was
+    found = {
+        "ansible_host": node["ip"], "layerpy_ip": node["ip"], "layerpy_mac": node["mac"],
+        "layerpy_image": node["image"]["name"], "layerpy_image_state": node["image"]["state"],
+        "layerpy_location": f"{seen['switch']}:{seen['port']}" if seen else None,
+        "layerpy_state": node["run_state"], "layerpy_power": node["power"],
+    }  # fmt: skip
+    return {**node["vars"], **{key: value for key, value in found.items() if value is not None}}
+
+
+def inventory_main() -> None:
+    """``layerpy-inventory``: the executable an Ansible inventory script must be."""
+    main(["inventory", *sys.argv[1:]])
+
+
+@main.command()
 @click.argument("action", type=click.Choice(["on", "off", "cycle", "clear", "status"]))
 @click.argument("nodes")
 @click.option("--force", is_flag=True, help="cycle busy nodes too (running jobs die).")

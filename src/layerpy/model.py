@@ -133,6 +133,7 @@ class Node:
                 "error": self.image_error,
             },
             "group": self.config.group,
+            "vars": self.config.vars,
             "run_state": self.run_state,
             "boots": self.boots,
             "last_report": self.last_report,
