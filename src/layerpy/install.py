@@ -4,7 +4,7 @@ The unit runs ``layerpy serve`` as the system user ``layerpy`` with one capabili
 (CAP_NET_BIND_SERVICE: DHCP's and TFTP's ports; binding a socket to an interface needs
 none since Linux 5.7), writes only its state and cache directories, and tells systemd when
 it is ready, reloading and stopping (``Type=notify``). ``systemd-analyze security`` rates
-it 1.5 (OK). Everything the service must read (the node file, BMC password files) must be
+it 1.6 (OK). Everything the service must read (the node file, BMC password files) must be
 readable by that user; its state directory is /var/lib/layerpy, the node file's default.
 """
 
