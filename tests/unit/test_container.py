@@ -206,7 +206,7 @@ class Agent:
         print(msg)
         self.lines.append(msg)
 
-    def wait(self, pred: Callable[[dict], bool], timeout: float = 10.0) -> dict:
+    def wait(self, pred: Callable[[dict], bool], timeout: float = 60.0) -> dict:
         deadline = time.monotonic() + timeout
         while True:
             self.r.tick()
@@ -251,7 +251,7 @@ def agent(tmp_path: Path) -> Iterator[Callable[..., Agent]]:
     assert not [ln for a in made for ln in a.lines if "did not stop" in ln]  # stops are prompt
 
 
-def console(tmp_path: Path, text: str, timeout: float = 5.0) -> str:
+def console(tmp_path: Path, text: str, timeout: float = 30.0) -> str:
     """The console log once it contains ``text``."""
     deadline = time.monotonic() + timeout
     while True:
@@ -266,6 +266,16 @@ def console(tmp_path: Path, text: str, timeout: float = 5.0) -> str:
 def children(pid: int) -> list[int]:
     with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as f:
         return [int(x) for x in f.read().split()]
+
+
+def runs(pid: int, command: str, timeout: float = 30.0) -> None:
+    """Wait until process `pid` runs `command`: a shell's ``exec`` has happened (its
+    environment in /proc is the one it was exec'ed with, not the shell's exports)."""
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}/comm").read_text().strip() != command:
+        if time.monotonic() > deadline:
+            pytest.fail(f"process {pid} did not exec {command} within {timeout:.0f} s")
+        time.sleep(0.02)
 
 
 def images(tmp_path: Path) -> list[str]:
@@ -350,6 +360,7 @@ def test_tar_image_runs_isolated_and_updates(tmp_path: Path, agent, image) -> No
         assert os.readlink(f"/proc/{pid}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}")
     assert os.readlink(f"/proc/{pid}/ns/net") == os.readlink("/proc/self/ns/net")
     (cmd,) = children(pid)
+    runs(cmd, "sleep")  # the image's sh exports PWD and SHLVL to what it execs
     with open(f"/proc/{cmd}/environ", "rb") as f:
         env = dict(v.split("=", 1) for v in f.read().decode().split("\0") if v)
     want = {"PATH": "/bin", "HOME": "/root", "HOSTNAME": NODE, "MARK": "A", "container": "layerpy"}
@@ -403,7 +414,7 @@ def test_squashfs_image_under_overlay_is_released(tmp_path: Path, agent, image) 
     a.want(spec_t)
     a.state("active", spec_t["digest"])
     assert len(mounts_under(tmp_path / "state")) == 1
-    a.wait(lambda r: loops() == [], timeout=2.0)  # the loop device clears itself on release
+    a.wait(lambda r: loops() == [], timeout=30.0)  # the loop device clears itself on release
 
 
 def test_bad_sha256_is_an_error_and_the_old_container_keeps_running(
@@ -523,7 +534,7 @@ def test_restarted_agent_adopts_the_container_and_cleans_up(tmp_path: Path, agen
     # prepared image, without asking the server for anything.
     holder = json.loads((state / "container.json").read_text())["pid"]
     os.kill(new, signal.SIGKILL)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while proc_alive(holder) and time.monotonic() < deadline:  # nobody ticks: no agent runs
         time.sleep(0.02)
     a4 = agent()
