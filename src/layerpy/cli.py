@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from layerpy import __version__
+from layerpy import install as installing
 from layerpy.client import DEFAULT_SOCKET, TOKEN_VARIABLE, Client, ClientError
 from layerpy.config import Config, ConfigError, load
 from layerpy.config.starter import starter
@@ -175,7 +176,7 @@ def init(interface: str, output: Path, force: bool) -> None:
 
 @main.command()
 @click.option(
-    "--prefix", type=click.Path(path_type=Path), default=Path("/usr/local"), show_default=True,
+    "--prefix", type=click.Path(path_type=Path), default=installing.PREFIX, show_default=True,
     help="Where the program goes (PREFIX/bin/layerpy, PREFIX/lib/layerpy/layerpy.pyz).",
 )  # fmt: skip
 @click.option("--nodes", type=int, default=0, help="Size LimitNOFILE= for this many nodes.")
@@ -183,8 +184,6 @@ def init(interface: str, output: Path, force: bool) -> None:
 def install(prefix: Path, nodes: int, dry_run: bool) -> None:
     """Put the program and a hardened systemd unit in place (as root). Then: `layerpy init
     INTERFACE`, `layerpy check`, `systemctl enable --now layerpy`."""
-    from layerpy import install as installing
-
     try:
         plan = installing.steps(prefix, nodes)
     except ValueError as error:
@@ -192,7 +191,7 @@ def install(prefix: Path, nodes: int, dry_run: bool) -> None:
     if dry_run:
         for step in plan:
             click.echo(f"would {step.says}")
-        click.echo(installing.unit(prefix / "bin" / "layerpy", nodes), nl=False)
+        click.echo(installing.unit(installing.program(prefix), nodes), nl=False)
         return
     try:
         installing.run(plan, say=click.echo)

@@ -99,8 +99,14 @@ class Step:
 
     says: str
     argv: tuple[str, ...] = ()  # a command to run, or
-    write: tuple[Path, bytes, int] | None = None  # a file to write: path, content, mode
-    copy: tuple[Path, Path] | None = None  # a file to copy: from, to (mode 0755)
+    # a file to put in place (atomically): path, mode, and its bytes, or a file to copy them
+    # from (read only when the step runs, not for --dry-run)
+    put: tuple[Path, int, bytes | Path] | None = None
+
+
+def program(prefix: Path) -> Path:
+    """The command the unit runs."""
+    return prefix / "bin" / "layerpy"
 
 
 def unit(program: Path, nodes: int) -> str:
@@ -118,7 +124,7 @@ def running_pyz() -> Path | None:
 def steps(prefix: Path, nodes: int) -> list[Step]:
     """What installing takes on this host; ValueError when this layerpy cannot be run by the
     service where it is (a venv under /root, say)."""
-    plan = [Step(f"write {SYSUSERS_PATH}", write=(SYSUSERS_PATH, SYSUSERS.encode(), 0o644))]
+    plan = [Step(f"write {SYSUSERS_PATH}", put=(SYSUSERS_PATH, 0o644, SYSUSERS.encode()))]
     try:
         pwd.getpwnam(USER)
     except KeyError:
@@ -126,14 +132,14 @@ def steps(prefix: Path, nodes: int) -> list[Step]:
             f"add the system user {USER} (systemd-sysusers: home /var/lib/layerpy, no login)",
             argv=("systemd-sysusers", str(SYSUSERS_PATH)),
         ))  # fmt: skip
-    program = prefix / "bin" / "layerpy"
+    command = program(prefix)
     pyz = running_pyz()
     if pyz is not None:
         installed = prefix / "lib" / "layerpy" / "layerpy.pyz"
         wrapper = f'#!/bin/sh\nexec /usr/bin/python3 {installed} "$@"\n'.encode()
         if pyz != installed:
-            plan.append(Step(f"copy {pyz} to {installed}", copy=(pyz, installed)))
-        plan.append(Step(f"write {program}, which runs it", write=(program, wrapper, 0o755)))
+            plan.append(Step(f"copy {pyz} to {installed}", put=(installed, 0o755, pyz)))
+        plan.append(Step(f"write {command}, which runs it", put=(command, 0o755, wrapper)))
     else:
         entry = Path(sys.executable).parent / "layerpy"
         if any(entry.is_relative_to(hidden) for hidden in HIDDEN):
@@ -141,11 +147,11 @@ def steps(prefix: Path, nodes: int) -> list[Step]:
                 f"{entry} is under a directory the service cannot see (ProtectHome=, "
                 "PrivateTmp=): install from layerpy.pyz, or from a venv under /opt"
             )
-        if program != entry:
+        if command != entry:
             plan.append(
-                Step(f"link {program} to {entry}", argv=("ln", "-sfn", str(entry), str(program)))
+                Step(f"link {command} to {entry}", argv=("ln", "-sfn", str(entry), str(command)))
             )
-    plan.append(Step(f"write {UNIT_PATH}", write=(UNIT_PATH, unit(program, nodes).encode(), 0o644)))
+    plan.append(Step(f"write {UNIT_PATH}", put=(UNIT_PATH, 0o644, unit(command, nodes).encode())))
     if Path("/run/systemd/system").is_dir():  # systemd runs this host
         plan.append(Step("tell systemd (daemon-reload)", argv=("systemctl", "daemon-reload")))
     return plan
@@ -157,17 +163,13 @@ def run(plan: list[Step], say=print) -> None:
         say(f"install: {step.says}")
         if step.argv:
             subprocess.run(step.argv, check=True)
-        elif step.write is not None:
-            path, content, mode = step.write
+        elif step.put is not None:
+            path, mode, content = step.put
             path.parent.mkdir(parents=True, exist_ok=True)
             part = path.with_name(path.name + ".part")
-            part.write_bytes(content)
+            if isinstance(content, Path):
+                shutil.copyfile(content, part)
+            else:
+                part.write_bytes(content)
             part.chmod(mode)
             os.replace(part, path)
-        elif step.copy is not None:
-            source, target = step.copy
-            target.parent.mkdir(parents=True, exist_ok=True)
-            part = target.with_name(target.name + ".part")
-            shutil.copyfile(source, part)
-            part.chmod(0o755)
-            os.replace(part, target)
