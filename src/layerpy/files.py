@@ -120,14 +120,14 @@ class _Cluster:
     shared: dict[str, Any]
 
 
-_clusters: dict[int, tuple[Config, _Cluster]] = {}
+_last: tuple[Config, _Cluster] | None = None  # one node file is in force at a time
 
 
 def _cluster(config: Config) -> _Cluster:
     """Every node's facts, worked out once per node file (not once per render)."""
-    known = _clusters.get(id(config))
-    if known is not None and known[0] is config:
-        return known[1]
+    global _last
+    if _last is not None and _last[0] is config:
+        return _last[1]
     facts = {name: _facts(node) for name, node in config.nodes.items()}
     members: dict[str, list[str]] = {}
     for node in config.nodes.values():
@@ -136,8 +136,7 @@ def _cluster(config: Config) -> _Cluster:
     groups = {g: {"hosts": hostlist.fold(names), "names": names} for g, names in members.items()}
     server = {"address": str(config.server.address), "url": config.server.url}
     made = _Cluster(facts, {"nodes": list(facts.values()), "groups": groups, "server": server})
-    _clusters.clear()  # one node file in force at a time
-    _clusters[id(config)] = (config, made)
+    _last = (config, made)
     return made
 
 

@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import posixpath
 import re
 import stat
@@ -103,11 +105,14 @@ def _source_ok(r: Reader, prefix: str, source: Any, secret: bool) -> bool:
     key = f"{prefix}.{'secret' if secret else 'template'}"
     try:
         info = source.stat()
-        text = source.read_bytes() if info.st_size <= MAX_SOURCE else None
+        # a secret's bytes are read only when a node's files are made, not to check it
+        text = source.read_bytes() if info.st_size <= MAX_SOURCE and not secret else b""
+        if secret and not os.access(source, os.R_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
     except OSError as error:
         r.problem(key, f"cannot read {source}: {error.strerror}")
         return False
-    if text is None:
+    if info.st_size > MAX_SOURCE:
         r.problem(key, f"{source} is over {MAX_SOURCE} bytes")
         return False
     if secret:
