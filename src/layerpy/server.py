@@ -76,7 +76,11 @@ class Server:
         try:
             return await self._reload()
         finally:
-            notify("READY=1", f"STATUS=serving {len(self.config.nodes)} nodes")
+            self.ready()
+
+    def ready(self) -> None:
+        """Tell the service manager the server serves (and how many nodes)."""
+        notify("READY=1", f"STATUS=serving {len(self.config.nodes)} nodes")
 
     async def _reload(self) -> dict[str, list[str]]:
         try:
@@ -349,7 +353,7 @@ async def serve(config: Config, *, state_dir: Path | None = None) -> None:
         raise
     _settle_heap()
     log.info("serving %d nodes from %s", len(config.nodes), config.path)
-    notify("READY=1", f"STATUS=serving {len(config.nodes)} nodes")
+    server.ready()
     watcher = asyncio.create_task(server.watch())
     try:
         await stopped
