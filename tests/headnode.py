@@ -80,12 +80,7 @@ class Container:
                               timeout=timeout)  # fmt: skip
 
     def wait(self, condition, timeout: float, what: str) -> float:
-        started = time.monotonic()
-        while not condition():
-            if time.monotonic() - started > timeout:
-                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-            time.sleep(0.2)
-        return time.monotonic() - started
+        return wait_for(condition, timeout, what, self.nspawn, self.log)
 
     def close(self) -> None:
         if self.nspawn.poll() is None:
@@ -101,3 +96,18 @@ def copy_into(root: Path, source: Path, inside: str) -> None:
     target = root / inside.lstrip("/")
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(source, target)
+
+
+def wait_for(condition, timeout: float, what: str, process: subprocess.Popen, log: Path) -> float:
+    """Poll `condition` until it holds (returns the seconds it took); fail saying what was
+    awaited, with the tail of `log`, on the timeout or when `process` exits first."""
+    started = time.monotonic()
+    while not condition():
+        if process.poll() is not None:
+            raise AssertionError(f"it exited while waiting for {what}:\n{log.read_text()[-3000:]}")
+        if time.monotonic() - started > timeout:
+            raise AssertionError(
+                f"timed out after {timeout:.0f} s waiting for {what}:\n{log.read_text()[-3000:]}"
+            )
+        time.sleep(0.2)
+    return time.monotonic() - started

@@ -18,7 +18,7 @@ import pytest
 
 from layerpy.client import Client, ClientError
 
-from headnode import copy_into, root
+from headnode import copy_into, root, wait_for
 from lab import Lab, VmSpec
 
 pytestmark = [
@@ -68,13 +68,13 @@ def test_the_pyz_alone_boots_a_node_to_ready(tmp_path, pyz) -> None:
         with log.open("wb") as out:
             server = subprocess.Popen(command, stdout=out, stderr=out, start_new_session=True)
         try:
-            wait(lambda: b"layerpy.server: serving 1 nodes" in log.read_bytes(), 120,
+            wait_for(lambda: b"layerpy.server: serving 1 nodes" in log.read_bytes(), 120,
                  "the server in the bare root to serve", server, log)  # fmt: skip
             timings["first_start_s"] = round(time.monotonic() - started, 1)  # unpacks itself
             lab.add_vm(VmSpec("cn001", "52:54:00:99:00:11", "bios"))
             api = Client(str(tree / "var" / "lib" / "layerpy" / "api.sock"))
             booted = time.monotonic()
-            wait(lambda: run_state(api) == "ready", 300, "cn001 ready", server, log)
+            wait_for(lambda: run_state(api) == "ready", 300, "cn001 ready", server, log)
             timings["vm_to_ready_s"] = round(time.monotonic() - booted, 1)
         finally:
             if server.poll() is None:
@@ -94,17 +94,3 @@ def run_state(api: Client) -> str | None:
     except ClientError:
         return None
     return next((n["run_state"] for n in nodes if n["name"] == "cn001"), None)
-
-
-def wait(condition, timeout: float, what: str, server: subprocess.Popen, log) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if server.poll() is not None:
-            raise AssertionError(
-                f"the server exited while waiting for {what}:\n{log.read_text()[-3000:]}"
-            )
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"timed out after {timeout:.0f} s waiting for {what}:\n{log.read_text()[-3000:]}"
-            )
-        time.sleep(0.5)
