@@ -20,12 +20,17 @@ from jinja2.sandbox import SandboxedEnvironment
 
 from layerpy import hostlist
 from layerpy.config import Config, FileConfig, NodeConfig
+from layerpy.proto.agent import FileSpec, FilesSpec
 
 MAX_FILE = 1 << 20  # bytes a template or secret may be, and a rendered file
 
 
 class RenderError(ValueError):
     """A file that cannot be made for a node; the message names the file, node and line."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 @dataclass(frozen=True)
@@ -58,13 +63,28 @@ def compile_template(text: str) -> None:
 
 
 def files_for(config: Config, name: str) -> list[NodeFile]:
-    """Node `name`'s files in path order; RenderError when one cannot be made."""
+    """Node `name`'s files with the image the node file gives it, in path order;
+    RenderError when one cannot be made."""
     node = config.nodes[name]
-    made = []
-    for file in sorted(config.files.values(), key=lambda f: f.path):
-        if file.wanted_by(node):
-            made.append(_make(config, file, node))
-    return made
+    return _files(config, node, node.image)
+
+
+def _files(config: Config, node: NodeConfig, image: str | None) -> list[NodeFile]:
+    chosen = [f for f in config.files.values() if f.for_node(node) and f.for_image(image)]
+    return [_make(config, file, node) for file in sorted(chosen, key=lambda f: f.path)]
+
+
+def render_problems(config: Config) -> dict[str, str]:
+    """The first failure of each file, made for every node the file gives it to."""
+    problems: dict[str, str] = {}
+    for node in config.nodes.values():
+        for file in config.files.values():
+            if file.path not in problems and file.for_node(node) and file.for_image(node.image):
+                try:
+                    _make(config, file, node)
+                except RenderError as error:
+                    problems[file.path] = str(error)
+    return problems
 
 
 def revision(files: list[NodeFile]) -> str:
@@ -73,11 +93,47 @@ def revision(files: list[NodeFile]) -> str:
     return hashlib.sha256(summary.encode()).hexdigest()[:16]
 
 
+class Deliveries:
+    """What the agents are told of their files and may fetch: each node's files made once
+    per node file and image (not once per report), their bytes kept once per digest (a
+    cluster's nodes mostly share them)."""
+
+    def __init__(self) -> None:
+        self._config: Config | None = None
+        self._specs: dict[tuple[str, str | None], FilesSpec] = {}
+        self._contents: dict[str, bytes] = {}
+
+    def spec(self, config: Config, name: str, image: str | None) -> FilesSpec:
+        """Node `name`'s files when it runs `image`; RenderError when they cannot be made
+        (a secret gone from the server since the file was loaded)."""
+        if config is not self._config:
+            self._config, self._specs, self._contents = config, {}, {}
+        key = (name, image)
+        made = self._specs.get(key)
+        if made is None:
+            files = _files(config, config.nodes[name], image)
+            for file in files:
+                self._contents.setdefault(file.digest, file.content)
+            made = self._specs[key] = FilesSpec(revision(files), tuple(map(_spec, files)))
+        return made
+
+    def content(self, spec: FilesSpec, digest: str) -> bytes | None:
+        """The bytes of one of `spec`'s files (None when it names no such file)."""
+        if all(file.digest != digest for file in spec.files):
+            return None
+        return self._contents.get(digest)
+
+
+def _spec(file: NodeFile) -> FileSpec:
+    return FileSpec(file.path, file.digest, len(file.content), file.mode, file.owner, file.apply)
+
+
 def _make(config: Config, file: FileConfig, node: NodeConfig) -> NodeFile:
     try:
         raw = _read(file.source)
     except OSError as error:
-        raise RenderError(f"{file.path}: cannot read {file.source}: {error.strerror}") from None
+        why = f"cannot read {file.source}: {error.strerror}"
+        raise RenderError(file.path, f"{file.path}: {why}") from None
     if file.secret:
         content = raw
     else:
@@ -86,10 +142,12 @@ def _make(config: Config, file: FileConfig, node: NodeConfig) -> NodeFile:
         except (TemplateError, UnicodeDecodeError) as error:
             line = getattr(error, "lineno", None)
             where = f"{file.source}{f' line {line}' if line else ''}"
-            raise RenderError(f"{file.path} for {node.name}: {error} ({where})") from None
+            why = f"{error} ({where})"
+            raise RenderError(file.path, f"{file.path} for {node.name}: {why}") from None
         content = text.encode()
         if len(content) > MAX_FILE:
-            raise RenderError(f"{file.path} for {node.name}: over {MAX_FILE} bytes rendered")
+            why = f"over {MAX_FILE} bytes rendered"
+            raise RenderError(file.path, f"{file.path} for {node.name}: {why}")
     return NodeFile(file.path, file.mode, file.owner, content, file.secret, file.apply, file.source)
 
 

@@ -96,6 +96,8 @@ class Node:
     image_state: ImageState = ImageState.UNKNOWN  # as the agent reports it
     image_digest: str | None = None
     image_error: str | None = None
+    files_revision: str | None = None  # the node's files in place, as its agent reports
+    files_error: str | None = None
     mac: str | None = None
     ip: IPv4Address | None = None
     hostname: str | None = None
@@ -132,6 +134,7 @@ class Node:
                 "digest": self.image_digest,
                 "error": self.image_error,
             },
+            "files": {"revision": self.files_revision, "error": self.files_error},
             "group": self.config.group,
             "vars": self.config.vars,
             "run_state": self.run_state,

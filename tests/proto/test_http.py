@@ -144,7 +144,7 @@ def test_bad_reports_are_refused_and_counted(host: Host) -> None:
     code, body = curl(host, "-X", "POST", "--data", "{not json", f"{BASE}/api/v1/agent/report")
     assert code == 400 and "must be JSON" in body
     code, body = curl(host, "-X", "POST", "--data", '{"node": 1}', f"{BASE}/api/v1/agent/report")
-    assert code == 400 and "protocol None, this side 1.0" in body
+    assert code == 400 and f"protocol None, this side {PROTOCOL}" in body
     code, body = report(host, token="forged", mac="52:54:00:99:00:11\nchain //evil/x")
     assert code == 400 and "report.mac is not a MAC address" in body["error"]
     stats = json.loads(api(host, "/api/v1/stats")[1])["http"]

@@ -23,7 +23,15 @@ import layerpy
 from layerpy.agent import Agent, Log, read_cmdline
 from layerpy.agent.core import load_config, post_json
 from layerpy.agent.net import Nic
-from layerpy.proto.agent import Answer, Cmdline, Identity, encode, normalize_mac, split_cmdline
+from layerpy.proto.agent import (
+    PROTOCOL,
+    Answer,
+    Cmdline,
+    Identity,
+    encode,
+    normalize_mac,
+    split_cmdline,
+)
 from layerpy.proto.lldp import Neighbor
 
 # -- command line -----------------------------------------------------------------------
@@ -155,7 +163,7 @@ class FakeServer:
                 data = b"{}"
                 if owner.status == 200 and owner.heartbeat is not None:
                     node = body.get("node") or "t1"
-                    answer = Answer(node, owner.heartbeat, None, owner.identity, owner.protocol)
+                    answer = Answer(node, owner.heartbeat, identity=owner.identity, protocol=owner.protocol)
                     data = json.dumps(encode(answer)).encode()
                 self.send_response(owner.status)
                 self.send_header("Content-Type", "application/json")
@@ -244,7 +252,7 @@ def test_hello_body(server, agents, tmp_path) -> None:
     assert hello.pop("path") == "/api/v1/agent/report"
     assert set(hello) == {
         "node", "token", "mac", "ip", "hostname", "boot_id", "seq", "event",
-        "busy", "uptime", "timeline", "lldp", "lldp_ignored", "agent_version", "image",
+        "busy", "uptime", "timeline", "lldp", "lldp_ignored", "agent_version", "image", "files",
         "protocol",
     }  # fmt: skip
     assert hello["node"] == "t1"
@@ -256,7 +264,7 @@ def test_hello_body(server, agents, tmp_path) -> None:
         assert hello["boot_id"] == f.read().strip()
     assert hello["seq"] == 1
     assert hello["event"] == "hello"
-    assert hello["protocol"] == "1.0"
+    assert hello["protocol"] == PROTOCOL
     assert hello["image"]["state"] == "none"
     assert hello["busy"] is False
     assert (hello["lldp"], hello["lldp_ignored"]) == (None, 0)  # no switch heard yet
@@ -361,10 +369,11 @@ def test_busy_flag_is_reported_immediately(server, agents, tmp_path) -> None:
     server.heartbeat = 30
     agents.append(Running(server.port, tmp_path))
     assert server.wait(1)[0]["busy"] is False
-    (tmp_path / "busy").touch()  # what a job does to keep its node from being powered off
+    (tmp_path / "node").mkdir(exist_ok=True)  # the container's /run/layerpy
+    (tmp_path / "node" / "busy").touch()  # what a job does to keep its node from power-off
     change = server.wait(2)[1]
     assert (change["event"], change["busy"]) == ("change", True)
-    (tmp_path / "busy").unlink()
+    (tmp_path / "node" / "busy").unlink()
     assert server.wait(3)[2]["busy"] is False
 
 
@@ -530,6 +539,6 @@ def test_answer_in_another_major_protocol_is_said_once_and_ignored(
     a = Running(server.port, tmp_path, "layerpy.heartbeat=0.1")
     agents.append(a)
     server.wait(4)
-    a.wait_log("the server's answer speaks layerpy agent protocol 2.0, this side 1.0")
+    a.wait_log(f"the server's answer speaks layerpy agent protocol 2.0, this side {PROTOCOL}")
     assert sum("protocol 2.0" in line for line in a.lines()) == 1
     assert a.agent.heartbeat == 0.1

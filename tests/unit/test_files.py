@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from layerpy.cli import main
 from layerpy.config import ConfigError, load
-from layerpy.files import RenderError, files_for, revision
+from layerpy.files import Deliveries, RenderError, files_for, revision
 
 from nodefile import BOOT_SECTIONS, write_boot_files
 
@@ -124,10 +124,41 @@ def test_the_revision_follows_any_change(cluster) -> None:
     assert revision(files_for(load(cluster), "login")) == before["login"]
 
 
-def test_an_undefined_variable_is_a_refused_render(cluster) -> None:
+def test_a_template_that_fails_for_a_node_refuses_the_node_file(cluster) -> None:
+    """Made for every node at load: a typo is a refused reload, not a broken node later."""
     (cluster.parent / "motd.j2").write_text("line one\n{{ node.name }} {{ no_such_var }}\n")
-    with pytest.raises(RenderError, match=r"/etc/motd for cn001: 'no_such_var' is undefined"):
-        files_for(load(cluster), "cn001")
+    with pytest.raises(ConfigError) as refused:
+        load(cluster)
+    assert [p.message for p in refused.value.problems] == [
+        f"/etc/motd for cn001: 'no_such_var' is undefined ({cluster.parent / 'motd.j2'})"
+    ]
+    assert refused.value.problems[0].key == 'files."/etc/motd"'
+
+
+def test_a_secret_gone_since_the_load_is_a_refused_render(cluster) -> None:
+    config = load(cluster)
+    (cluster.parent / "munge.key").unlink()
+    with pytest.raises(RenderError, match=r"/etc/munge/munge.key: cannot read .*munge.key"):
+        files_for(config, "cn001")
+
+
+def test_deliveries_follow_the_image_the_node_is_told_to_run(cluster) -> None:
+    config = load(cluster)
+    deliveries = Deliveries()
+    running = deliveries.spec(config, "cn001", "slurm")
+    assert [f.path for f in running.files] == [
+        "/etc/hosts", "/etc/motd", "/etc/munge/munge.key", "/etc/slurm/slurm.conf",
+    ]  # fmt: skip
+    assert running.revision == revision(files_for(config, "cn001"))
+    assert [f.path for f in deliveries.spec(config, "cn001", None).files] == [
+        "/etc/hosts", "/etc/motd", "/etc/munge/munge.key",
+    ]  # fmt: skip
+    key = next(f for f in running.files if f.path == "/etc/munge/munge.key")
+    assert (key.mode, key.owner, key.size) == (0o400, "munge:munge", 76)
+    assert deliveries.content(running, key.digest) == b"\x01\x02secret-munge-key\x00" * 4
+    login = deliveries.spec(config, "login", None)
+    assert deliveries.content(login, key.digest) is None  # not one of login's files
+    assert deliveries.spec(config, "cn001", "slurm") is running  # made once per node file
 
 
 @pytest.mark.parametrize(
@@ -135,11 +166,11 @@ def test_an_undefined_variable_is_a_refused_render(cluster) -> None:
     [
         (
             ('[files."/etc/motd"]', '[files."etc/motd"]'),
-            "'etc/motd' must be an absolute, normalised path of a file, like /etc/hosts",
+            "'etc/motd' must be an absolute, normalised path, like /etc/hosts",
         ),
         (
             ('[files."/etc/motd"]', '[files."/proc/x"]'),
-            "/proc/x is under /proc, /sys, /dev, /run/layerpy, which the node's runtime owns",
+            "/proc/x is under /proc, /sys, /dev, /run, /tmp, which the node's runtime mounts",
         ),
         (('groups = ["compute"]', 'groups = ["gpu"]'), "names no such group: gpu"),
         (('nodes = "cn001"', 'nodes = "cn009"'), "names no such node: cn009"),
@@ -155,8 +186,41 @@ def test_an_undefined_variable_is_a_refused_render(cluster) -> None:
             ('owner = "slurm"', 'owner = "slurm; rm -rf /"'),
             "'slurm; rm -rf /' must be user or user:group (names or numbers)",
         ),
+        (
+            (
+                'source = "oci-layout:slurm-oci:v1"',
+                'source = "oci-layout:slurm-oci:v1"\npersist = ["/etc/slurm"]',
+            ),
+            "lies in /etc/slurm, which image slurm keeps across image "
+            "changes (persist): the node's own copy would hide it",
+        ),
+        (
+            (
+                'source = "oci-layout:slurm-oci:v1"',
+                'source = "oci-layout:slurm-oci:v1"\npersist = ["/var/lib", "/var/lib/munge"]',
+            ),
+            "/var/lib/munge is inside /var/lib: name the outer one only",
+        ),
+        (
+            (
+                'source = "oci-layout:slurm-oci:v1"',
+                'source = "oci-layout:slurm-oci:v1"\npersist = ["/tmp/state"]',
+            ),
+            "/tmp/state is under /proc, /sys, /dev, /run, /tmp, which the node's runtime mounts",
+        ),
     ],
-    ids=["relative", "runtime", "group", "node", "secret mode", "both", "owner"],
+    ids=[
+        "relative",
+        "runtime",
+        "group",
+        "node",
+        "secret mode",
+        "both",
+        "owner",
+        "persisted",
+        "nested persist",
+        "persist in tmp",
+    ],
 )
 def test_the_node_file_refuses_bad_files(cluster, change, expected) -> None:
     cluster.write_text(cluster.read_text().replace(*change, 1))

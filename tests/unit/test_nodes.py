@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 
 import pytest
 
@@ -113,7 +114,7 @@ HELLO = {
     [
         ([], 400, "must be a JSON object"),
         ({"node": "cn001", "protocol": PROTOCOL}, 400, "report.token is missing"),
-        ({"node": "cn001"}, 400, "protocol None, this side 1.0"),
+        ({"node": "cn001"}, 400, f"protocol None, this side {PROTOCOL}"),
         (HELLO | {"node": "nope"}, 404, "no node named 'nope'"),
         (HELLO | {"token": "wrong"}, 403, "wrong boot token"),
     ],
@@ -368,9 +369,9 @@ def test_an_agent_of_another_protocol_is_shown_on_its_node(inventory: NodeStore)
     with pytest.raises(ReportRejected) as rejected:
         report(inventory, "not-its-token", protocol="2.0")
     assert rejected.value.status == 400 and node.problem is None  # a stranger can't mark it
-    with pytest.raises(ReportRejected, match=r"protocol 2\.0, this side 1\.0"):
+    with pytest.raises(ReportRejected, match=rf"protocol 2\.0, this side {re.escape(PROTOCOL)}"):
         report(inventory, token, protocol="2.0")
-    assert "protocol 2.0, this side 1.0" in node.problem
+    assert f"protocol 2.0, this side {PROTOCOL}" in node.problem
     report(inventory, token)
     assert node.problem is None
 

@@ -1,10 +1,12 @@
-"""Keep the system image the server wants running as a container, and swap it without a
-reboot.
+"""Keep the system image the server wants running as a container, with the node's own
+files in it, and swap either without a reboot.
 
 The server names an image (digest, URL, sha256, format); a worker thread prepares it
-(``image``) while the old container keeps running, and only then swaps the container
-(``process``). A failed pull is retried with backoff and leaves the old container running;
-containers do not depend on the agent or the server, and a prepared image needs no network.
+(``image``) and places the node's files into it (``files``) while the old container keeps
+running, and only then swaps the container (``process``). A failed pull is retried with
+backoff and leaves the old container running; containers do not depend on the agent or
+the server, and a prepared image needs no network. New files for the running image are
+written into its root in place, and each changed file's ``apply`` command run inside.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import threading
 import time
 from collections.abc import Callable
 
+from layerpy.agent.files import FilesError, NodeFiles
 from layerpy.agent.image import PullError, Roots, label
 from layerpy.agent.process import Container, backoff
-from layerpy.proto.agent import ImageSpec, ImageState, ImageStatus, encode
+from layerpy.proto.agent import FilesSpec, FilesStatus, ImageSpec, ImageState, ImageStatus, encode
 
 BUSYBOX = "/bin/busybox"
 
@@ -67,13 +70,19 @@ class Runner:
         state_dir = os.path.realpath(state_dir)
         self.log = log
         self.hostname = hostname or socket.gethostname()
-        self.authorization: str | None = None  # the node's credential for its image files
+        self.authorization: str | None = None  # the node's credential for its image and files
+        self.server = ""  # the server's URL, where the node's files come from
         self.pull_backoff = pull_backoff
-        self._roots = Roots(os.path.join(state_dir, "images"), busybox, log)
+        persist = os.path.join(state_dir, "persist")
+        self._roots = Roots(os.path.join(state_dir, "images"), busybox, log, persist)
+        node_dir = os.path.join(state_dir, "node")
+        os.makedirs(node_dir, mode=0o755, exist_ok=True)
+        self._files = NodeFiles(os.path.join(state_dir, "files"))
         self._container = Container(
             self._roots,
             os.path.join(state_dir, "container.json"),
             log,
+            node_dir=node_dir,
             busybox=busybox,
             console=console,
             stop_timeout=stop_timeout,
@@ -86,6 +95,10 @@ class Runner:
         self._pull_error: tuple[str | None, ImageSpec | None, str] | None = None  # key, spec, why
         self._pull_fails = 0
         self._retry_at = 0.0
+        self._files_want: FilesSpec | None = None
+        self._files_status = FilesStatus()  # the revision in the running root, and trouble
+        self._files_fails = 0
+        self._files_retry_at = 0.0
         self._worker: threading.Thread | None = None
         self._lock = threading.Lock()  # the container and its image
         self._state_lock = threading.RLock()  # the wanted spec, the worker, the state reported
@@ -93,14 +106,17 @@ class Runner:
 
     # -- the API the agent loop calls --
 
-    def want(self, spec: ImageSpec | None) -> None:
-        """The server's answer: the image to run, or None for nothing."""
+    def want(self, spec: ImageSpec | None, files: FilesSpec | None = None) -> None:
+        """The server's answer: the image to run (None for nothing) and the node's files
+        (None: the server said nothing of them, keep what is there)."""
         key = _key(spec)
-        if key == self._want_key:
-            self._want = spec  # same container; the URL may have moved
-            return
         with self._state_lock:
-            self._want, self._want_key = spec, key
+            if files is not None:
+                self._files_want = files
+            if key == self._want_key:
+                self._want = spec  # same container; the URL may have moved
+            else:
+                self._want, self._want_key = spec, key
         self._kick()
 
     def tick(self) -> None:
@@ -117,6 +133,9 @@ class Runner:
         proc = self._container.proc
         pid = proc.init_pid() if proc else None
         return dataclasses.replace(self._status, container_pid=pid)
+
+    def files(self) -> FilesStatus:
+        return self._files_status
 
     # -- state --
 
@@ -160,7 +179,8 @@ class Runner:
     # -- pulls (worker thread) --
 
     def _kick(self) -> None:
-        """Start a worker when the server wants something else than what runs."""
+        """Start a worker when the server wants another image than what runs, or other
+        files in it."""
         with self._state_lock:
             if self._worker is not None:
                 return
@@ -170,6 +190,9 @@ class Runner:
                 if self._pull_error is not None:  # the server went back to what runs
                     self._pull_error = None
                     self._settle()
+                files = self._files_want
+                if image is not None and files is not None and self._files_due(files):
+                    self._start(self._update_files, files)
                 return
             if (
                 self._pull_error
@@ -179,10 +202,19 @@ class Runner:
                 return
             if spec is not None:  # reported from now on, not when the thread gets going
                 self._set(ImageState.UPDATING if image else ImageState.PULLING, spec)
-            self._worker = threading.Thread(
-                target=self._work, args=(spec, key), name="layerpy-image", daemon=True
-            )
-            self._worker.start()
+            self._start(self._work, spec, key)
+
+    def _start(self, work: Callable[..., None], *args: object) -> None:
+        self._worker = threading.Thread(target=work, args=args, name="layerpy-image",
+                                        daemon=True)  # fmt: skip
+        self._worker.start()
+
+    def _files_due(self, files: FilesSpec) -> bool:
+        """Other files than the running root has, and no failure of them to wait out."""
+        status = self._files_status
+        if files.revision == status.revision:
+            return False
+        return status.error is None or time.monotonic() >= self._files_retry_at
 
     def _work(self, spec: ImageSpec | None, key: str | None) -> None:
         try:
@@ -194,6 +226,7 @@ class Runner:
                             f"image {self._container.image.label}: stopping, the server wants none"
                         )
                         self._container.replace(None, self.hostname)
+                        self._files_placed(None, None)
             else:
                 self._switch(spec, key)
             self._pull_error, self._pull_fails = None, 0
@@ -214,17 +247,62 @@ class Runner:
             self._kick()
 
     def _switch(self, spec: ImageSpec, key: str | None) -> None:
-        """Prepare the new image while the old container runs, then swap the containers."""
+        """Prepare the new image and its files while the old container runs, then swap the
+        containers."""
         t0 = time.monotonic()
         verb = "updating" if self._container.image else "pulling"
         image = self._roots.prepare(
             spec, self.hostname, verb, lambda: self._check(key), self.authorization
         )
         try:
+            files = self._files_want
+            if files is not None:
+                self._files.fetch(files, self.server, self.authorization, lambda: self._check(key))
+                self._files.place(image.root, files)
             with self._lock:
                 self._check(key)
                 self._container.replace(image, self.hostname)
+                self._files_placed(files, None)
+        except FilesError as e:
+            raise PullError(f"files: {e}") from None
         finally:
             if self._container.image is not image:
                 self._roots.teardown(image)
         self.log(f"image {image.label} active in {time.monotonic() - t0:.1f} s")
+
+    # -- files into the running image (worker thread) --
+
+    def _update_files(self, files: FilesSpec) -> None:
+        """Write the node's new files into the running root, and apply the changed ones."""
+        try:
+            self._files.fetch(files, self.server, self.authorization, lambda: None)
+            with self._lock:
+                image = self._container.image
+                if image is None:
+                    return
+                changed = self._files.place(image.root, files)
+                problems = []
+                for command in dict.fromkeys(f.apply for f in changed if f.apply):
+                    problem = self._container.run_inside(command)
+                    if problem is not None:
+                        problems.append(f"apply {command!r}: {problem}")
+                self._files_placed(files, "; ".join(problems) or None)
+            paths = ", ".join(f.path for f in changed) or "none changed"
+            self.log(f"files revision {files.revision} in place ({paths})")
+            for problem in problems:
+                self.log(f"files: {problem}")
+        except (FilesError, OSError) as e:
+            self._files_fails += 1
+            delay = backoff(self.pull_backoff, self._files_fails)
+            self._files_retry_at = time.monotonic() + delay
+            error = f"revision {files.revision}: {e}"
+            self._files_status = FilesStatus(self._files_status.revision, error)
+            self.log(f"files {error}; retrying in {delay:g} s")
+        finally:
+            with self._state_lock:
+                self._worker = None
+            self._kick()
+
+    def _files_placed(self, files: FilesSpec | None, error: str | None) -> None:
+        self._files_fails = 0
+        self._files_status = FilesStatus(files.revision if files else None, error)

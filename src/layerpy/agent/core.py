@@ -30,6 +30,7 @@ from layerpy.proto.agent import (
     Cmdline,
     ContractError,
     Event,
+    FilesStatus,
     Identity,
     ImageStatus,
     Lldp,
@@ -47,6 +48,7 @@ UPTIME = "/proc/uptime"
 HOSTNAME = "/proc/sys/kernel/hostname"  # sethostname(2) by another door: no busybox needed
 STATE_DIR = "/run/layerpy"
 CMDLINE = "/proc/cmdline"
+BUSY = "node/busy"  # below the state directory: /run/layerpy/busy in the container
 HTTP_TIMEOUT = 5.0
 CONFIG_RETRY = 30.0
 
@@ -167,6 +169,7 @@ class Agent:
         self.runner = runner
         if runner is not None:
             runner.authorization = node_authorization(Identity(cfg.node, cfg.token))
+            runner.server = cfg.server
         self.log = log
         self.no_net = no_net
         self.state_dir = state_dir
@@ -269,12 +272,13 @@ class Agent:
         else:
             url = urllib.parse.urlsplit(self.cfg.server)
             mac, ip = self.cfg.bootif, source_address(url.hostname or "", url.port or 80)
-        busy = "busy" if os.path.exists(os.path.join(self.state_dir, "busy")) else "free"
+        busy = "busy" if os.path.exists(os.path.join(self.state_dir, BUSY)) else "free"
         facts = {"mac": mac, "ip": ip, "hostname": socket.gethostname(), "busy": busy}
         heard = self.lldp  # the switch port: where the node is plugged in, not when it was heard
         facts["lldp"] = (heard.chassis_id, heard.port_id) if heard else None
         image = self.image()
         facts["image"] = (image.state, image.digest, image.error)
+        facts["files"] = self.runner.files() if self.runner is not None else None
         return facts
 
     def image(self) -> ImageStatus:
@@ -297,6 +301,7 @@ class Agent:
             lldp_ignored=self.lldp_ignored,
             agent_version=layerpy.__version__,
             image=self.image(),
+            files=self.runner.files() if self.runner is not None else FilesStatus(),
         )
 
     def report(self, obs: dict[str, object]) -> Outcome:
@@ -345,7 +350,7 @@ class Agent:
             self.log(f"heartbeat is now {answer.heartbeat:g} s (from server)")
             self.heartbeat = answer.heartbeat
         if self.runner is not None:
-            self.runner.want(answer.image)
+            self.runner.want(answer.image, answer.files)
         return answer
 
     # -- LLDP: which switch port this node is plugged into --

@@ -9,6 +9,7 @@ being prepared never touches the one running, and a restarted agent can tell its
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import os
@@ -21,6 +22,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 
+from layerpy.agent.files import FilesError, directory
 from layerpy.proto.agent import ImageSpec, decode, encode
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -132,11 +134,19 @@ def extract_tar(path: str, root: str, check: Callable[[], None] = lambda: None) 
 class Image:
     """A prepared root: what runs in it, and the mounts and files to drop afterwards."""
 
-    def __init__(self, spec: ImageSpec, dir: str, mounts: list[str], argv: list[str]) -> None:
+    def __init__(
+        self,
+        spec: ImageSpec,
+        dir: str,
+        mounts: list[str],
+        argv: list[str],
+        binds: list[tuple[str, str]] | None = None,
+    ) -> None:
         self.spec = spec
         self.dir = dir
         self.mounts = mounts  # mount points in mount order
         self.argv = argv  # what the shim runs: env -i ... nsenter --root ... command
+        self.binds = binds or []  # (kept directory, path in the image): its persistent paths
 
     @property
     def root(self) -> str:
@@ -153,23 +163,28 @@ class Image:
             "dir": self.dir,
             "mounts": self.mounts,
             "argv": self.argv,
+            "binds": self.binds,
         }
 
     @classmethod
     def from_record(cls, record: dict) -> Image:
         """Raises ContractError, KeyError or TypeError for a record that is not one."""
         spec = decode(ImageSpec, record["spec"], "container.json spec")
-        return cls(spec, str(record["dir"]), list(record["mounts"]), list(record["argv"]))
+        binds = [(str(kept), str(path)) for kept, path in record.get("binds", [])]
+        return cls(spec, str(record["dir"]), list(record["mounts"]), list(record["argv"]), binds)
 
 
 class Roots:
     """The images directory: roots made from image specs, torn down, and swept of what a
-    previous agent left there."""
+    previous agent left there; and the persistent paths the roots share (``persist_dir``)."""
 
-    def __init__(self, images_dir: str, busybox: str, log: Callable[[str], None]) -> None:
+    def __init__(
+        self, images_dir: str, busybox: str, log: Callable[[str], None], persist_dir: str
+    ) -> None:
         self.dir = images_dir
         self.busybox = busybox
         self.log = log
+        self.persist_dir = persist_dir
 
     def prepare(
         self,
@@ -202,6 +217,7 @@ class Roots:
                 extract_tar(path, image.root, check)
                 os.unlink(path)  # the tree is on tmpfs now: give the RAM back
             image.argv = self._command(image, hostname)
+            self._persist(image)
             return image
         except BaseException:
             self.teardown(image)
@@ -257,6 +273,33 @@ class Roots:
         bb = self.busybox
         envs = [f"{k}={v}" for k, v in env.items()]
         return [bb, "env", "-i", *envs, bb, "nsenter", f"--root={root}", f"--wd={wd}", "--", *cmd]
+
+    def _persist(self, image: Image) -> None:
+        """The image's persistent paths, bound from the persist directory where they outlive
+        image changes; the first time a path is kept it starts as the image has it."""
+        for path in image.spec.persist:
+            kept = os.path.join(self.persist_dir, path.lstrip("/"))
+            try:
+                fd, name = directory(image.root, path, create=True)
+            except FilesError as e:
+                raise PullError(f"persistent path {e}") from None
+            try:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, 0o755, dir_fd=fd)
+                os.close(os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd))
+            except OSError as e:
+                raise PullError(f"persistent path {path} is no directory in the image: "
+                                f"{e.strerror}") from None  # fmt: skip
+            finally:
+                os.close(fd)
+            if not os.path.isdir(kept):
+                part = kept + ".part"
+                shutil.rmtree(part, ignore_errors=True)
+                os.makedirs(os.path.dirname(kept), mode=0o700, exist_ok=True)
+                self._bb("cp", "-a", image.root + path, part)
+                os.rename(part, kept)
+                self.log(f"image {image.label}: keeping {path} from now on")
+            image.binds.append((kept, path))
 
     def _mount(self, image: Image, target: str, *args: str) -> None:
         os.makedirs(target, exist_ok=True)

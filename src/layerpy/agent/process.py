@@ -16,8 +16,10 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from layerpy.agent.image import Image, Roots, mount_points
+from layerpy.agent.image import DEFAULT_PATH, Image, Roots, mount_points
 
+NODE_DIR = "/run/layerpy"  # in a container: what it tells the agent (a file "busy")
+APPLY_TIMEOUT = 120.0  # seconds a file's apply command may take
 MARKER = "layerpy-container"  # $0 of every container's PID 1: how a restarted agent knows ours
 CGROUP = "layerpy.container"  # a systemd container's cgroup, below the agent's own (see SHIM)
 CRASH_LIMIT = 5  # deaths within CRASH_WINDOW seconds make the state "error"
@@ -25,8 +27,9 @@ CRASH_WINDOW = 300.0
 STABLE = 60.0  # a run this long forgives earlier deaths
 
 # PID 1 of every container, run by the host's busybox inside the new namespaces: build the
-# container's view of /proc, /sys, /dev, /run, /tmp (these mounts die with the namespace),
-# name it, then run the image's command. systemd is exec'd, as it must be PID 1; anything
+# container's view of /proc, /sys, /dev, /run, /tmp, bind the node's directories in (its
+# /run/layerpy, the image's persistent paths; these mounts die with the namespace), name it,
+# then run the image's command. systemd is exec'd, as it must be PID 1; anything
 # else runs as a child that SIGTERM is forwarded to, because PID 1 ignores signals it has no
 # handler for, and because something has to reap the orphans of plain entrypoints. The trap
 # is set first so that a stop during the set-up is not lost either.
@@ -39,8 +42,8 @@ STABLE = 60.0  # a run this long forgives earlier deaths
 # cgroup v1 (no cgroup.controllers) this is skipped and systemd copes on its own.
 SHIM = r"""
 set -e
-bb=$1 root=$2 host=$3 mode=$4
-shift 4
+bb=$1 root=$2 host=$3 mode=$4 binds=$5
+shift 5
 c= stop=
 trap 'stop=1; [ -z "$c" ] || $bb kill -TERM $c 2>/dev/null' TERM
 for d in proc sys dev run tmp; do [ -d "$root/$d" ] || $bb mkdir -p "$root/$d"; done
@@ -49,6 +52,12 @@ $bb mount --rbind /sys "$root/sys"
 $bb mount --rbind /dev "$root/dev"
 $bb mount -t tmpfs -o nosuid,nodev,mode=0755 tmpfs "$root/run"
 $bb mount -t tmpfs -o nosuid,nodev,mode=1777 tmpfs "$root/tmp"
+while [ "$binds" -gt 0 ]; do
+    [ -d "$root$2" ] || $bb mkdir -p "$root$2"
+    $bb mount --bind "$1" "$root$2"
+    shift 2
+    binds=$((binds - 1))
+done
 r=$root/etc/resolv.conf
 if [ -s /etc/resolv.conf ] && [ -f "$r" ] && [ ! -L "$r" ]; then
     $bb mount --bind /etc/resolv.conf "$r"
@@ -189,6 +198,7 @@ class Container:
         record_path: str,
         log: Callable[[str], None],
         *,
+        node_dir: str,
         busybox: str,
         console: str,
         stop_timeout: float,
@@ -197,6 +207,7 @@ class Container:
         self.roots = roots
         self.record_path = record_path
         self.log = log
+        self.node_dir = node_dir  # the container's /run/layerpy (a job marks the node busy)
         self.busybox = busybox
         self.console = console
         self.stop_timeout = stop_timeout
@@ -269,8 +280,10 @@ class Container:
         systemd = image.spec.systemd
         mode = "systemd" if systemd else "run"
         argv = [self.busybox, "unshare", "-m", "-p", "-u", "-i", "-f", "--propagation", "private"]
+        binds = [(self.node_dir, NODE_DIR), *image.binds]
         argv += ["--", self.busybox, "sh", "-c", SHIM, MARKER, self.busybox, image.root]
-        argv += [hostname, mode, *image.argv]
+        argv += [hostname, mode, str(len(binds)), *(p for bind in binds for p in bind)]
+        argv += image.argv
         self._restart_at = None
         self._started = time.monotonic()
         fds: list[int] = []
@@ -308,6 +321,28 @@ class Container:
         self._save()
         cmd = image.argv[image.argv.index("--") + 1 :]
         self.log(f"container started (unshare pid {popen.pid}): {' '.join(cmd)}")
+
+    def run_inside(self, command: str) -> str | None:
+        """Run a shell command line as root in the running container (its namespaces, its
+        root); None when it succeeded, else what went wrong with the end of its output."""
+        init = self.proc.init_pid() if self.proc is not None else None
+        if init is None or self.image is None:
+            return "no container runs"
+        bb, root = self.busybox, self.image.root
+        env = [f"PATH={DEFAULT_PATH}", "HOME=/root", "container=layerpy"]
+        argv = [bb, "env", "-i", *env, bb, "nsenter", "-t", str(init), "-m", "-u", "-i", "-p"]
+        argv += [f"--root={root}", f"--wd={root}", "--", "/bin/sh", "-c", command]
+        try:
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
+                                  timeout=APPLY_TIMEOUT, check=False)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return f"still running after {APPLY_TIMEOUT:g} s"
+        except OSError as e:
+            return str(e)
+        if done.returncode == 0:
+            return None
+        tail = (done.stdout + done.stderr).decode(errors="replace").strip()[-300:]
+        return f"exit status {done.returncode}" + (f": {tail}" if tail else "")
 
     def _stop(self) -> None:
         """Stop the container and wait: SIGTERM (systemd: SIGRTMIN+3), SIGKILL when late."""

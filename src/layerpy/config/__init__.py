@@ -102,5 +102,7 @@ def _read(r: Reader, data: dict[str, Any]) -> Config | None:
     node_files = files.read(r, data, known_images, all_nodes)
     if server is None or network is None or minos is None or r.problems:
         return None
-    return Config(r.file, server, network, minos, ipxe, api, known_images, switches, all_nodes,
-                  node_files)  # fmt: skip
+    config = Config(r.file, server, network, minos, ipxe, api, known_images, switches, all_nodes,
+                    node_files)  # fmt: skip
+    files.check_renders(r, config)
+    return None if r.problems else config

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import errno
 import os
-import posixpath
 import re
 import stat
 from typing import Any
@@ -26,13 +25,12 @@ from typing import Any
 from layerpy import hostlist
 from layerpy.config import values
 from layerpy.config.reading import Reader
-from layerpy.config.records import FileConfig, ImageConfig, NodeConfig
+from layerpy.config.records import Config, FileConfig, ImageConfig, NodeConfig
 
 FILE_KEYS = {"template", "secret", "mode", "owner", "apply", "images", "groups", "nodes"}
 _OWNER = re.compile(
     r"^(?:[a-z_][a-z0-9_-]{0,31}|\d{1,10})(?::(?:[a-z_][a-z0-9_-]{0,31}|\d{1,10}))?$"
 )
-_FORBIDDEN = ("/proc", "/sys", "/dev", "/run/layerpy")  # the runtime's, not the image's
 MAX_SOURCE = 1 << 20
 
 
@@ -42,9 +40,10 @@ def read(
     files = {}
     groups = {node.group for node in nodes.values() if node.group}
     for path, prefix, get in r.named_tables(data, "files", FILE_KEYS):
-        problem = _path_problem(path)
-        if problem:
-            r.problem(prefix, problem)
+        try:
+            values.image_path(path)
+        except ValueError as problem:
+            r.problem(prefix, str(problem))
             continue
         template, secret = get("template", str, r.path), get("secret", str, r.path)
         if (template is None) == (secret is None):
@@ -67,6 +66,14 @@ def read(
             r.problem(
                 f"{prefix}.mode", f"{mode:04o} lets others read a secret on the node (0400 or 0600)"
             )
+        kept = [
+            (image.name, top) for image in images.values() for top in image.persist
+            if (chosen_images is None or image.name in chosen_images)
+            and path.startswith(top + "/")
+        ]  # fmt: skip
+        if kept:
+            r.problem(prefix, f"lies in {kept[0][1]}, which image {kept[0][0]} keeps across "
+                      "image changes (persist): the node's own copy would hide it")  # fmt: skip
         if not _source_ok(r, prefix, source, secret is not None):
             continue
         files[path] = FileConfig(
@@ -79,14 +86,13 @@ def read(
     return files
 
 
-def _path_problem(path: str) -> str | None:
-    if not path.startswith("/") or posixpath.normpath(path) != path or path == "/":
-        return f"{path!r} must be an absolute, normalised path of a file, like /etc/hosts"
-    if not path.isprintable() or len(path) > 255 or "\\" in path:
-        return f"{path!r} must be printable and at most 255 characters"
-    if any(path == top or path.startswith(top + "/") for top in _FORBIDDEN):
-        return f"{path} is under {', '.join(_FORBIDDEN)}, which the node's runtime owns"
-    return None
+def check_renders(r: Reader, config: Config) -> None:
+    """Make every node's files: a template that fails for one node refuses the whole
+    file, at load, not at that node's next boot."""
+    from layerpy.files import render_problems
+
+    for path, problem in render_problems(config).items():
+        r.problem(f'files."{path}"', problem)
 
 
 def _mode(value: str) -> int:

@@ -24,7 +24,9 @@ IMAGE_KEYS = {
     "password_file",
     "password_env",
     "credentials_to",
+    "persist",
 }
+MAX_PERSIST = 64
 
 
 def read(r: Reader, data: dict[str, Any]) -> dict[str, ImageConfig]:
@@ -34,6 +36,7 @@ def read(r: Reader, data: dict[str, Any]) -> dict[str, ImageConfig]:
         insecure = get("insecure", bool, default=False)
         source = get("source", str, partial(parse_source, insecure=insecure), required=True)
         command = get("command", list, values.string_list)
+        persist = get("persist", list, _persistent_paths, default=())
         password = r.password(get, prefix)
         if source is None:
             continue
@@ -52,5 +55,19 @@ def read(r: Reader, data: dict[str, Any]) -> dict[str, ImageConfig]:
             source = replace(source, user=user, password=password, credentials_to=credentials_to)
         if source.kind != "registry":
             source = replace(source, location=str(r.path(source.location)))
-        images[name] = ImageConfig(name, source, get("systemd", bool, default=False), command)
+        systemd = get("systemd", bool, default=False)
+        images[name] = ImageConfig(name, source, systemd, command, persist or ())
     return images
+
+
+def _persistent_paths(value: list[Any]) -> tuple[str, ...]:
+    """Directories the node keeps across image changes: none inside another."""
+    paths = tuple(values.image_path(path) for path in values.string_list(value))
+    if len(paths) > MAX_PERSIST:
+        raise ValueError(f"names more than {MAX_PERSIST} paths")
+    if len(set(paths)) != len(paths):
+        raise ValueError("names a path twice")
+    nested = [(outer, inner) for outer in paths for inner in paths if inner.startswith(outer + "/")]
+    if nested:
+        raise ValueError(f"{nested[0][1]} is inside {nested[0][0]}: name the outer one only")
+    return paths

@@ -127,6 +127,7 @@ class ImageConfig:
     source: ImageSource
     systemd: bool = False
     command: tuple[str, ...] | None = None
+    persist: tuple[str, ...] = ()  # paths the node keeps across image changes
 
 
 @dataclass(frozen=True)
@@ -170,12 +171,14 @@ class FileConfig:
     groups: frozenset[str] | None = None
     nodes: frozenset[str] | None = None
 
-    def wanted_by(self, node: NodeConfig) -> bool:
-        return (
-            (self.images is None or node.image in self.images)
-            and (self.groups is None or node.group in self.groups)
-            and (self.nodes is None or node.name in self.nodes)
+    def for_node(self, node: NodeConfig) -> bool:
+        """Whether `node` gets it by its group and name (whatever image it runs)."""
+        return (self.groups is None or node.group in self.groups) and (
+            self.nodes is None or node.name in self.nodes
         )
+
+    def for_image(self, image: str | None) -> bool:
+        return self.images is None or image in self.images
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ hold, or raises ValueError with a message the user can act on."""
 
 from __future__ import annotations
 
+import posixpath
 import re
 import socket
 from collections.abc import Callable
@@ -168,6 +169,21 @@ def choice(options: tuple[str, ...]) -> Callable[[str], str]:
         return value
 
     return check
+
+
+RUNTIME_PATHS = ("/proc", "/sys", "/dev", "/run", "/tmp")  # a container mounts its own there
+
+
+def image_path(value: str) -> str:
+    """A path inside a system image: absolute, normalised, not where the runtime mounts."""
+    if not value.startswith("/") or posixpath.normpath(value) != value or value == "/":
+        raise ValueError(f"{value!r} must be an absolute, normalised path, like /etc/hosts")
+    if not value.isprintable() or len(value) > 255 or "\\" in value:
+        raise ValueError(f"{value!r} must be printable and at most 255 characters")
+    if any(value == top or value.startswith(top + "/") for top in RUNTIME_PATHS):
+        tops = ", ".join(RUNTIME_PATHS)
+        raise ValueError(f"{value} is under {tops}, which the node's runtime mounts")
+    return value
 
 
 def command_line(value: str) -> str:

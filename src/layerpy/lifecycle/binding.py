@@ -15,16 +15,19 @@ from typing import Any
 from layerpy.catalog import Catalog
 from layerpy.config import Config
 from layerpy.engine import Engine, Graph, NoPath
+from layerpy.files import Deliveries, RenderError
 from layerpy.lifecycle.actions import ACTIONS
 from layerpy.lifecycle.table import VARIABLES, desired, mutations
+from layerpy.logs import Throttle
 from layerpy.model import ImageState, Node, PowerState, RunState
 from layerpy.nodes import GAP, NodeStore
 from layerpy.power import PowerDriver, PowerError, close_all, make_driver
 from layerpy.power.poller import Poller
-from layerpy.proto.agent import ImageSpec
+from layerpy.proto.agent import FilesSpec, ImageSpec
 
 log = logging.getLogger("layerpy.power")
 images_log = logging.getLogger("layerpy.images")
+files_log = Throttle(logging.getLogger("layerpy.files"))  # may fail at every report
 
 # node fields the engine's variables are read from
 ENGINE_FIELDS = frozenset({"power", "run_state", "busy", "image_state", "image_digest"})
@@ -40,6 +43,7 @@ class Lifecycle:
         # node -> (image name, digest) its agent is told to run, until the engine assigns
         # another: a node whose wanted image fails to pull stays on this one
         self.assigned: dict[str, tuple[str, str]] = {}
+        self.deliveries = Deliveries()
         table = mutations()
         missing = {m.action for m in table if m.action and m.action not in ACTIONS}
         if missing:
@@ -125,6 +129,21 @@ class Lifecycle:
         image, digest = self.assigned[name]
         return self.catalog.spec(image, digest, self.store.config.server.url)
 
+    def files_spec(self, name: str) -> FilesSpec | None:
+        """The node's files, for the image its agent is told to run (they change with it);
+        None when they cannot be made now (the agent keeps the ones it has)."""
+        image = self.assigned[name][0] if name in self.assigned else None
+        try:
+            return self.deliveries.spec(self.store.config, name, image)
+        except RenderError as error:
+            files_log.log(name, logging.ERROR, "%s: files not delivered: %s", name, error)
+            return None
+
+    def file_content(self, name: str, digest: str) -> bytes | None:
+        """The bytes of one of the node's files, by digest; None when it has no such file."""
+        spec = self.files_spec(name)
+        return None if spec is None else self.deliveries.content(spec, digest)
+
     def desired_of(self, name: str) -> dict[str, str | None]:
         return desired(self.store.nodes[name].config, self.overrides.get(name))
 
@@ -182,12 +201,14 @@ class Lifecycle:
     def status(self, name: str) -> dict[str, Any]:
         node = self.store.nodes[name]
         entry = self.catalog.entries.get(self.image_of(name) or "")
+        files = self.files_spec(name)
         return {
             "location": node.location,  # evidence: source, switch, port, chassis, MAC, when
             "conflict": node.conflict,
             "problem": node.problem,
             "image_wanted": self.image_of(name),
             "image_problem": entry.error if entry else None,
+            "files_wanted": files.revision if files else None,
             "power": node.power,
             "desired": self.desired_of(name).get("power"),
             "override": name in self.overrides,

@@ -310,6 +310,10 @@ class NodeStore:
         ):
             reason = f": {image.error}" if image.error else ""
             log.info("%s: image %s %s%s", node.name, state, (image.digest or "-")[:19], reason)
+        files = report.files
+        if (files.revision, files.error) != (node.files_revision, node.files_error):
+            reason = f": {files.error}" if files.error else ""
+            log.info("%s: files revision %s%s", node.name, files.revision or "-", reason)
         try:
             ip: IPv4Address | None = IPv4Address(report.ip)
         except ValueError:
@@ -330,6 +334,8 @@ class NodeStore:
             image_state=state,
             image_digest=image.digest,
             image_error=image.error,
+            files_revision=files.revision,
+            files_error=files.error,
             problem=None,
         )
 

@@ -1,11 +1,13 @@
 """The agent <-> server contract, in one place: imported by the minOS agent and the server.
 
 Observations flow up in a :class:`Report`, intent flows down in an :class:`Answer` (the
-heartbeat, the :class:`ImageSpec` to run, and for a machine booted to be discovered the
-:class:`Identity` it carries on as). The kernel command line (:class:`Cmdline`) hands the
-agent its server, name and token. Every record validates what it receives and names the
-field at fault; every JSON field name of the contract is spelled here and nowhere else
-(a record's field names *are* its JSON keys). Standard library only: it runs in the minOS.
+heartbeat, the :class:`ImageSpec` to run, the node's own files as a :class:`FilesSpec` of
+digests whose bytes it fetches from ``FILES_PATH``, and for a machine booted to be
+discovered the :class:`Identity` it carries on as). The kernel command line
+(:class:`Cmdline`) hands the agent its server, name and token. Every record validates what
+it receives and names the field at fault; every JSON field name of the contract is spelled
+here and nowhere else (a record's field names *are* its JSON keys). Standard library only:
+it runs in the minOS.
 
 The contract carries ``PROTOCOL`` (major.minor). A peer that meets another major version
 says so in one line and ignores the message; a minor version only adds optional fields.
@@ -19,18 +21,22 @@ from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
-PROTOCOL = "1.0"
+PROTOCOL = "1.1"  # 1.1: files and persistent paths
 REPORT_PATH = "/api/v1/agent/report"
+FILES_PATH = "/api/v1/agent/files/"  # + a file's digest: one of the node's own files
 HEARTBEAT = 5.0  # seconds between reports unless the node file says otherwise
 LLDP_WAIT = 35.0  # seconds the agent listens for the switch per round: one 30 s interval + slack
 MAX_TEXT = 500  # characters kept of free text (errors, names) from the other side
 MAX_TIMELINE = 16  # entries in an agent's timeline
+MAX_FILES = 256  # files a node gets; paths an image keeps across image changes
 
 _NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 _TOKEN = re.compile(r"[A-Za-z0-9_=-]{1,128}")
 _MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+_REVISION = re.compile(r"[0-9a-f]{16}")
+_OWNER = re.compile(r"(?:[a-z_][a-z0-9_-]{0,31}|\d{1,10}):(?:[a-z_][a-z0-9_-]{0,31}|\d{1,10})")
 _IPV4 = re.compile(r"((25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(25[0-5]|2[0-4]\d|1?\d?\d)")
 
 
@@ -164,6 +170,52 @@ def _words(value: Any, where: str) -> tuple[str, ...] | None:
     return tuple(items)
 
 
+def _records(cls: type) -> Check:
+    """A bounded list of records, as a tuple."""
+
+    def check(value: Any, where: str) -> tuple[Any, ...]:
+        items = _kind(value, (list, tuple), "a list", where)
+        if len(items) > MAX_FILES:
+            raise ContractError(f"{where} has more than {MAX_FILES} entries")
+        return tuple(decode(cls, item, f"{where}[{i}]") for i, item in enumerate(items))
+
+    return check
+
+
+def _path(value: Any, where: str) -> str:
+    """An absolute, normalised path of something inside an image (no .., no //)."""
+    path = _kind(value, str, "a string", where)
+    parts = path.split("/")
+    if (
+        not 1 < len(path) <= 255 or parts[0] or not all(parts[1:])
+        or any(p in (".", "..") for p in parts) or not path.isprintable()
+    ):  # fmt: skip
+        raise ContractError(f"{where} is not an absolute, normalised path: {path[:60]!r}")
+    return path
+
+
+def _paths(value: Any, where: str) -> tuple[str, ...]:
+    items = _kind(value, (list, tuple), "a list", where)
+    if len(items) > MAX_FILES:
+        raise ContractError(f"{where} has more than {MAX_FILES} entries")
+    return tuple(_path(item, f"{where}[{i}]") for i, item in enumerate(items))
+
+
+def _command_line(value: Any, where: str) -> str:
+    """A shell command line: one printable line, whole (it is run, not shown)."""
+    line = _kind(value, str, "a string", where)
+    if not line.isprintable() or not 0 < len(line) <= 1000:
+        raise ContractError(f"{where} must be one printable line of at most 1000 characters")
+    return line
+
+
+def _mode(value: Any, where: str) -> int:
+    mode = _integer(value, where)
+    if mode > 0o7777:
+        raise ContractError(f"{where} is not a file mode: {mode:o}")
+    return mode
+
+
 def _ip(value: Any, where: str) -> str:
     """An IPv4 address, or "" for a node that has none yet."""
     return value if value == "" else _pattern(_IPV4, "an IPv4 address")(value, where)
@@ -253,6 +305,15 @@ class ImageStatus:
 
 
 @dataclass(frozen=True)
+class FilesStatus:
+    """The node's files, as the agent reports them: the revision in place in the running
+    image, and why the wanted one is not (or its ``apply`` failed)."""
+
+    revision: str | None = _field(_optional(_pattern(_REVISION, "a files revision")), None)
+    error: str | None = _field(_optional(_text), None)
+
+
+@dataclass(frozen=True)
 class Report:
     """What an agent tells the server, at hello, on a change and every heartbeat."""
 
@@ -271,6 +332,7 @@ class Report:
     lldp_ignored: int = _field(_integer, 0)
     agent_version: str | None = _field(_optional(_text), None)
     image: ImageStatus = _field(_record(ImageStatus), ImageStatus())
+    files: FilesStatus = _field(_record(FilesStatus), FilesStatus())
     protocol: str = _field(_text, PROTOCOL)
 
     @classmethod
@@ -293,6 +355,28 @@ class ImageSpec:
     config: dict[str, Any] = _field(_object, {})  # the OCI image config (Env, Cmd, ...)
     systemd: bool = _field(_boolean, False)
     command: tuple[str, ...] | None = _field(_optional(_words), None)
+    persist: tuple[str, ...] = _field(_paths, ())  # kept by the node across image changes
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    """One file the node places into its image; its bytes come from ``FILES_PATH`` +
+    digest and are checked against it."""
+
+    path: str = _field(_path)
+    digest: str = _field(_pattern(_DIGEST, "a sha256: digest"))
+    size: int = _field(_integer)
+    mode: int = _field(_mode)
+    owner: str = _field(_pattern(_OWNER, "user:group"))  # names are the image's
+    apply: str | None = _field(_optional(_command_line), None)  # run in the container
+
+
+@dataclass(frozen=True)
+class FilesSpec:
+    """All of a node's files, and one revision naming them (it changes with any byte)."""
+
+    revision: str = _field(_pattern(_REVISION, "a files revision"))
+    files: tuple[FileSpec, ...] = _field(_records(FileSpec), ())
 
 
 @dataclass(frozen=True)
@@ -310,6 +394,7 @@ class Answer:
     node: str = _field(_node_name)
     heartbeat: float = _field(_number(0.1, 3600), HEARTBEAT)
     image: ImageSpec | None = _field(_optional(_record(ImageSpec)), None)
+    files: FilesSpec | None = _field(_optional(_record(FilesSpec)), None)  # None: no word
     identity: Identity | None = _field(_optional(_record(Identity)), None)
     protocol: str = _field(_text, PROTOCOL)
 
@@ -326,7 +411,7 @@ NODE_AUTH_SCHEME = "Layerpy-Node"  # Authorization: Layerpy-Node <node> <boot to
 
 def node_authorization(identity: Identity) -> str:
     """The Authorization header value a node sends for the files only it may have (its
-    image): the server checks the token like a report's."""
+    image, its own files): the server checks the token like a report's."""
     return f"{NODE_AUTH_SCHEME} {identity.node} {identity.token}"
 
 

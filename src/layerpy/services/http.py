@@ -22,8 +22,11 @@ from layerpy.logs import Throttle
 from layerpy.model import Phase
 from layerpy.nodes import DISCOVERY, NodeStore, ReportRejected
 from layerpy.proto.agent import (
+    FILES_PATH,
     REPORT_PATH,
     Answer,
+    FilesSpec,
+    Identity,
     ImageSpec,
     encode,
     parse_node_authorization,
@@ -48,6 +51,8 @@ class PowerControl(Protocol):
     def plan(self, name: str) -> dict[str, Any]: ...
     def explain(self, name: str) -> dict[str, Any]: ...
     def image_spec(self, name: str) -> ImageSpec | None: ...
+    def files_spec(self, name: str) -> FilesSpec | None: ...
+    def file_content(self, name: str, digest: str) -> bytes | None: ...
 
 
 POLICY: web.AppKey[BootPolicy] = web.AppKey("policy", BootPolicy)
@@ -97,6 +102,7 @@ def build_app(
             web.get("/minos/initrd", minos_file),
             web.post(REPORT_PATH, agent_report),
             web.get("/images/{digest}/{file}", image_file),
+            web.get(FILES_PATH + "{digest}", node_file),
         ]
     )
     return app
@@ -192,10 +198,11 @@ async def agent_report(request: web.Request) -> web.Response:
         quiet.log(remote, logging.WARNING, "rejected an agent report from %s: %s", remote,
                   rejected.reason)  # fmt: skip
         return web.json_response({"error": rejected.reason}, status=rejected.status)
-    nodes = request.app[NODES]
-    image = None if ack.node == DISCOVERY else request.app[POWER].image_spec(ack.node)
-    heartbeat = nodes.config.server.heartbeat
-    return web.json_response(encode(Answer(ack.node, heartbeat, image, ack.identity)))
+    power, heartbeat = request.app[POWER], request.app[NODES].config.server.heartbeat
+    if ack.node == DISCOVERY:
+        return web.json_response(encode(Answer(ack.node, heartbeat, identity=ack.identity)))
+    image, files = power.image_spec(ack.node), power.files_spec(ack.node)
+    return web.json_response(encode(Answer(ack.node, heartbeat, image, files, ack.identity)))
 
 
 async def image_file(request: web.Request) -> web.StreamResponse:
@@ -217,15 +224,34 @@ async def image_file(request: web.Request) -> web.StreamResponse:
 
 def _check_entitled(request: web.Request, digest: str) -> None:
     """403 unless the request carries the boot token of a node assigned this image."""
-    claimed = parse_node_authorization(request.headers.get("Authorization"))
-    nodes, power = request.app[NODES], request.app[POWER]
-    if claimed is None or not nodes.holds_token(claimed.node, claimed.token):
-        raise web.HTTPForbidden(text="image files are for the nodes that run them\n")
-    spec = power.image_spec(claimed.node)
+    claimed = _node(request, "image files are for the nodes that run them")
+    spec = request.app[POWER].image_spec(claimed.node)
     if spec is None or spec.digest != digest:
         quiet.log(claimed.node, logging.WARNING, "%s: refused image %s, not assigned to it",
                   claimed.node, printable(digest, 80))  # fmt: skip
         raise web.HTTPForbidden(text=f"image {printable(digest, 80)} is not {claimed.node}'s\n")
+
+
+async def node_file(request: web.Request) -> web.Response:
+    """One of a node's own files (a rendered template or a secret), by digest: only to that
+    node, by its boot token, and only while the node file gives it that file."""
+    claimed = _node(request, "a node's files are for that node only")
+    digest = request.match_info["digest"]
+    content = request.app[POWER].file_content(claimed.node, digest)
+    if content is None:
+        quiet.log(claimed.node, logging.WARNING, "%s: refused file %s, not one of its files",
+                  claimed.node, printable(digest, 80))  # fmt: skip
+        raise web.HTTPForbidden(text=f"{printable(digest, 80)} is no file of {claimed.node}\n")
+    headers = {"Cache-Control": "no-store"}
+    return web.Response(body=content, content_type="application/octet-stream", headers=headers)
+
+
+def _node(request: web.Request, refusal: str) -> Identity:
+    """The node whose boot token the request carries; 403 with `refusal` otherwise."""
+    claimed = parse_node_authorization(request.headers.get("Authorization"))
+    if claimed is None or not request.app[NODES].holds_token(claimed.node, claimed.token):
+        raise web.HTTPForbidden(text=refusal + "\n")
+    return claimed
 
 
 async def read_json(request: web.Request) -> Any:
