@@ -162,6 +162,8 @@ rm -f "$r/etc/munge/munge.key" "$r/etc/slurm/slurm.conf"
 mkdir -p "$r/var/spool/slurmd"
 systemctl --root="$r" --quiet enable munge.service slurmd.service
 rm -rf "$r/var/log"/*.log "$r/var/cache/debconf"/*-old
+# without libpmix (not installed), slurmd logs an error loading these at each start
+rm -f "$r/usr/lib/x86_64-linux-gnu/slurm-wlm"/mpi_pmix*.so
 """
 
 

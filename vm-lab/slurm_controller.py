@@ -174,7 +174,8 @@ class Controller:
         self, *argv: str, check: bool = True, timeout: float = 60
     ) -> subprocess.CompletedProcess:
         """Any Slurm command (``scontrol``, ``squeue``, ``scancel``…), captured."""
-        return self.lab.run(list(argv), env=self.env, check=check, timeout=timeout)
+        # cwd /: srun's job steps start in the same directory on the nodes
+        return self.lab.run(list(argv), env=self.env, check=check, timeout=timeout, cwd="/")
 
     def ping(self) -> bool:
         done = self.client("scontrol", "ping", check=False, timeout=10)
@@ -210,7 +211,9 @@ class Controller:
 
     def srun_background(self, *args: str, log: Path | None = None) -> subprocess.Popen:
         """``srun ARGS`` left running (stopped by ``close()`` if still running)."""
-        proc = self.lab.popen(["srun", *args], log=log, env=self.env, stdin=subprocess.DEVNULL)
+        proc = self.lab.popen(
+            ["srun", *args], log=log, env=self.env, stdin=subprocess.DEVNULL, cwd="/"
+        )
         self.procs.append(proc)
         return proc
 

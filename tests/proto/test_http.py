@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from layerpy.config import Config
-from layerpy.proto.agent import PROTOCOL, Answer, encode
+from layerpy.proto.agent import FILES_PATH, PROTOCOL, Answer, encode
 
 from netns import Netns
 
@@ -339,6 +339,73 @@ def test_image_files_only_for_their_nodes(host: Host) -> None:
     code, body = curl(host, "-H", f"Authorization: Layerpy-Node cn001 {token}", image)
     assert code == 403 and "is not cn001's" in body  # its own token, but not its image
     assert api(host, f"/images/sha256:{'ab' * 32}/rootfs.tar")[0] == 404  # operators pass
+
+
+NODE_FILES = """
+[nodes.cn001]
+vars = { role = "head" }
+
+[files."/etc/motd"]
+template = "motd.j2"
+
+[files."/etc/munge/munge.key"]
+secret = "munge.key"
+nodes = "cn001"
+"""
+MUNGE_SECRET = "munge-secret-0f3a9c"
+
+
+def boot_token(host: Host, node: str, source: str) -> str:
+    script = curl(host, f"{BASE}/boot/{node}.ipxe", source=source)[1]
+    return re.search(r"layerpy.token=(\S+)", script).group(1)
+
+
+def test_a_nodes_files_go_to_that_node_only(make_config, tmp_path: Path) -> None:
+    """The answer names the files by digest; the bytes go only to the node they are for,
+    by its boot token; operators see revisions, never a secret (issue 13)."""
+    (tmp_path / "motd.j2").write_text("{{ node.name }} is {{ node.vars.role | default('compute') }}\n")
+    (tmp_path / "munge.key").write_text(MUNGE_SECRET)
+    (tmp_path / "munge.key").chmod(0o600)
+    config = make_config(server="10.66.0.1", interface="d0", more=NODE_FILES)
+    with serving(config, tmp_path, "--debug") as host:
+        tokens = {"cn001": boot_token(host, "cn001", "10.66.0.11"),
+                  "cn002": boot_token(host, "cn002", "10.66.0.12")}  # fmt: skip
+        code, answer = report(host, token=tokens["cn001"])
+        assert code == 200
+        files = {f["path"]: f for f in answer["files"]["files"]}
+        assert sorted(files) == ["/etc/motd", "/etc/munge/munge.key"]
+        key = files["/etc/munge/munge.key"]
+        assert (key["mode"], key["owner"], key["size"]) == (0o400, "root:root", len(MUNGE_SECRET))
+        assert MUNGE_SECRET not in json.dumps(answer)  # digests, not bytes
+
+        url = f"{BASE}{FILES_PATH}{key['digest']}"
+        mine = f"Authorization: Layerpy-Node cn001 {tokens['cn001']}"
+        assert curl(host, "-H", mine, url, source="10.66.0.11") == (200, MUNGE_SECRET)
+        motd = files["/etc/motd"]["digest"]
+        assert curl(host, "-H", mine, f"{BASE}{FILES_PATH}{motd}") == (200, "cn001 is head\n")
+        for claimed in (f"cn002 {tokens['cn002']}", f"cn002 {tokens['cn001']}", "cn001 forged"):
+            code, body = curl(host, "-H", f"Authorization: Layerpy-Node {claimed}", url)
+            assert code == 403 and MUNGE_SECRET not in body, claimed
+        assert curl(host, url)[0] == 403  # no credential
+        code, theirs = report(host, node="cn002", mac="52:54:00:99:00:12", ip="10.66.0.12",
+                              token=tokens["cn002"])  # fmt: skip
+        assert [f["path"] for f in theirs["files"]["files"]] == ["/etc/motd"]
+        assert api(host, f"{FILES_PATH}{key['digest']}")[0] == 404  # not on the operator API
+
+        revision = answer["files"]["revision"]
+        report(host, token=tokens["cn001"], seq=2, event="change",
+               files={"revision": revision, "error": None})  # fmt: skip
+        node = json.loads(api(host, "/api/v1/nodes/cn001")[1])
+        assert node["files"] == {"revision": revision, "error": None}
+        explained = json.loads(api(host, "/api/v1/nodes/cn001/explain")[1])
+        assert explained["files_wanted"] == revision
+        everything = "\n".join(
+            api(host, path)[1] for path in ("/api/v1/nodes", "/api/v1/nodes/cn001/explain",
+                                            "/api/v1/events", "/metrics")
+        )  # fmt: skip
+    log = (tmp_path / "serve.log").read_text()
+    assert "cn001: files revision " + revision in log
+    assert MUNGE_SECRET not in everything + log
 
 
 def test_an_operator_binds_a_machine_to_a_node(host: Host, tmp_path: Path) -> None:

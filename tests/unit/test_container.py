@@ -29,7 +29,7 @@ import pytest
 
 from layerpy.agent.container import Runner
 from layerpy.agent.image import PullError, extract_tar
-from layerpy.proto.agent import ImageSpec, decode, encode
+from layerpy.proto.agent import FILES_PATH, FileSpec, FilesSpec, ImageSpec, decode, encode
 
 BUSYBOX = "/bin/busybox"
 NODE = "node-t1"
@@ -61,7 +61,11 @@ def rootfs_tar(marker: str, init: str | None = None) -> bytes:
             ti = tarfile.TarInfo(f"bin/{name}")
             ti.type, ti.linkname = tarfile.SYMTYPE, "busybox"
             tf.addfile(ti)
-        files = {"etc/marker": (marker + "\n", 0o644)}
+        files = {
+            "etc/marker": (marker + "\n", 0o644),
+            "etc/passwd": ("root:x:0:0::/root:/bin/sh\nmunge:x:107:113::/nonexistent:\n", 0o644),
+            "etc/group": ("root:x:0:\nmunge:x:113:\n", 0o644),
+        }
         if init is not None:
             files["sbin/init"] = (init, 0o755)
         for name, (text, mode) in files.items():
@@ -115,6 +119,7 @@ def image(server: tuple[Path, str]) -> Callable[..., dict]:
         cmd: list[str] | None = None,
         init: str | None = None,
         slow: bool = False,
+        persist: list[str] | None = None,
     ) -> dict:
         data = rootfs_tar(marker, init)
         if fmt == "squashfs":
@@ -141,7 +146,27 @@ def image(server: tuple[Path, str]) -> Callable[..., dict]:
             },
             "systemd": init is not None,
             "command": cmd,
+            "persist": persist or [],
         }
+
+    return make
+
+
+@pytest.fixture
+def node_files(server: tuple[Path, str]) -> Callable[..., FilesSpec]:
+    """Serves files where the agent fetches them; returns the FilesSpec naming them."""
+    root, _ = server
+    where = root / FILES_PATH.strip("/")
+    where.mkdir(parents=True, exist_ok=True)
+
+    def make(files: dict[str, tuple[bytes, int, str, str | None]]) -> FilesSpec:
+        specs = []
+        for path, (data, mode, owner, apply) in sorted(files.items()):
+            digest = "sha256:" + hashlib.sha256(data).hexdigest()
+            (where / digest).write_bytes(data)
+            specs.append(FileSpec(path, digest, len(data), mode, owner, apply))
+        revision = hashlib.sha256(repr(specs).encode()).hexdigest()[:16]
+        return FilesSpec(revision, tuple(specs))
 
     return make
 
@@ -195,9 +220,9 @@ class Agent:
         kw.setdefault("stop_timeout", 5.0)
         self.r = Runner(str(state), self._log, NODE, console=str(console), **kw)
 
-    def want(self, spec: dict | None) -> None:
+    def want(self, spec: dict | None, files: FilesSpec | None = None) -> None:
         """What the agent does with an answer: the contract checks the spec first."""
-        self.r.want(None if spec is None else decode(ImageSpec, spec, "spec"))
+        self.r.want(None if spec is None else decode(ImageSpec, spec, "spec"), files)
 
     def report(self) -> dict:
         return encode(self.r.report())
@@ -232,11 +257,12 @@ class Agent:
 
 
 @pytest.fixture
-def agent(tmp_path: Path) -> Iterator[Callable[..., Agent]]:
+def agent(tmp_path: Path, server: tuple[Path, str]) -> Iterator[Callable[..., Agent]]:
     made: list[Agent] = []
 
     def make(**kw: Any) -> Agent:
         a = Agent(tmp_path / "state", tmp_path / "console.log", **kw)
+        a.r.server = server[1]
         made.append(a)
         return a
 
@@ -568,3 +594,100 @@ def test_stop_readiness_sees_blocked_and_handled_signals(
     finally:
         proc.kill()
         proc.wait()
+
+
+# -- the node's files and state ---------------------------------------------------------
+
+
+def test_files_are_in_place_before_start_and_change_in_place(
+    tmp_path: Path, agent, image, node_files
+) -> None:
+    a = agent()
+    key = b"\x00secret\xff" * 8
+    conf = (b"v1\n", 0o644, "root:root", "echo applied $(cat /etc/app.conf) >> /applied")
+    files = node_files(
+        {"/etc/app.conf": conf, "/etc/munge/munge.key": (key, 0o400, "munge:munge", None)}
+    )
+    cmd = ["/bin/sh", "-c", "echo conf $(cat /etc/app.conf); " + PROBE]
+    a.want(image("F", cmd=cmd), files)
+    pid = a.state("active")["container_pid"]
+    console(tmp_path, "[base] conf v1")  # there when the container started
+    a.wait(lambda r: a.r.files().revision == files.revision)
+    (cmd_pid,) = children(pid)
+    inside = Path(f"/proc/{cmd_pid}/root")
+    info = os.stat(inside / "etc/munge/munge.key")
+    assert (info.st_mode & 0o7777, info.st_uid, info.st_gid) == (0o400, 107, 113)
+    assert (inside / "etc/munge/munge.key").read_bytes() == key
+    assert not (inside / "applied").exists()  # a new container needs no apply
+
+    changed = node_files({"/etc/app.conf": (b"v2\n", *conf[1:]),
+                          "/etc/munge/munge.key": (key, 0o400, "munge:munge", None)})  # fmt: skip
+    a.want(image("F", cmd=cmd), changed)
+    a.wait(lambda r: a.r.files().revision == changed.revision)
+    assert a.state("active")["container_pid"] == pid  # no restart
+    assert (inside / "etc/app.conf").read_text() == "v2\n"
+    assert (inside / "applied").read_text() == "applied v2\n"  # run in the container, once
+    assert a.r.files().error is None
+    assert any(
+        f"files revision {changed.revision} in place (/etc/app.conf)" in ln for ln in a.lines
+    )
+
+    fewer = node_files({"/etc/app.conf": (b"v2\n", 0o644, "root:root", "exit 3")})
+    a.want(image("F", cmd=cmd), fewer)
+    a.wait(lambda r: a.r.files().revision == fewer.revision)
+    assert not (inside / "etc/munge/munge.key").exists()  # no longer given: removed
+    assert a.r.files().error is None  # app.conf did not change: nothing applied
+    stored = sorted(os.listdir(tmp_path / "state" / "files"))
+    assert stored == sorted([fewer.files[0].digest[7:], "placed.json"])  # old bytes gone
+    assert os.stat(tmp_path / "state" / "files").st_mode & 0o777 == 0o700
+
+    failing = node_files({"/etc/app.conf": (b"v3\n", 0o644, "root:root", "echo no; exit 3")})
+    a.want(image("F", cmd=cmd), failing)
+    a.wait(lambda r: a.r.files().revision == failing.revision)
+    assert a.r.files().error == "apply 'echo no; exit 3': exit status 3: no"
+
+
+def test_a_file_is_checked_and_never_written_through_a_symlink(
+    tmp_path: Path, agent, image, node_files, server
+) -> None:
+    a = agent()
+    cmd = ["/bin/sh", "-c", "ln -s / /escape; " + PROBE]
+    a.want(image("L", cmd=cmd))
+    pid = a.state("active")["container_pid"]
+    console(tmp_path, "[base] up L")
+    outside = tmp_path / "outside-marker"
+    files = node_files({"/escape" + str(outside): (b"pwned\n", 0o644, "root:root", None)})
+    a.want(image("L", cmd=cmd), files)
+    a.wait(lambda r: (a.r.files().error or "").find("a symlink is not followed") > 0)
+    assert not outside.exists()
+    assert a.report()["container_pid"] == pid
+
+    named = "sha256:" + "1" * 64
+    (server[0] / FILES_PATH.strip("/") / named).write_bytes(b"abc")  # not what it names
+    wrong = FilesSpec("0" * 16, (FileSpec("/etc/x", named, 3, 0o644, "root:root"),))
+    a.want(image("L", cmd=cmd), wrong)
+    a.wait(lambda r: "revision 0000000000000000" in (a.r.files().error or ""))
+    assert "/etc/x: got 3 bytes of sha256:ba7816bf8f01…, not the 3 of sha256:111111111111…" in (
+        a.r.files().error or ""
+    )
+    assert not (tmp_path / "state" / "files" / named[7:]).exists()
+
+
+def test_persistent_paths_outlive_an_image_change_and_jobs_mark_the_node_busy(
+    tmp_path: Path, agent, image
+) -> None:
+    a = agent()
+    keep = "mkdir -p /var/keep; echo $MARK >> /var/keep/log; touch /run/layerpy/busy; "
+    spec_a = image("PA", cmd=["/bin/sh", "-c", keep + PROBE], persist=["/var/keep"])
+    a.want(spec_a)
+    a.state("active", spec_a["digest"])
+    console(tmp_path, "[base] up PA")
+    assert (tmp_path / "state" / "node" / "busy").exists()  # the container's /run/layerpy
+    spec_b = image("PB", cmd=["/bin/sh", "-c", keep + PROBE], persist=["/var/keep"])
+    a.want(spec_b)
+    pid = a.state("active", spec_b["digest"])["container_pid"]
+    console(tmp_path, "[base] up PB")
+    (cmd_pid,) = children(pid)
+    assert Path(f"/proc/{cmd_pid}/root/var/keep/log").read_text() == "PA\nPB\n"
+    assert (tmp_path / "state" / "persist" / "var" / "keep" / "log").exists()
+    assert any("keeping /var/keep from now on" in ln for ln in a.lines)
