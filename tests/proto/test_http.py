@@ -398,7 +398,7 @@ def test_a_nodes_files_go_to_that_node_only(make_config, tmp_path: Path) -> None
         node = json.loads(api(host, "/api/v1/nodes/cn001")[1])
         assert node["files"] == {"revision": revision, "error": None}
         explained = json.loads(api(host, "/api/v1/nodes/cn001/explain")[1])
-        assert explained["files_wanted"] == revision
+        assert explained["files"] == {"running": revision, "wanted": revision, "error": None}
         everything = "\n".join(
             api(host, path)[1] for path in ("/api/v1/nodes", "/api/v1/nodes/cn001/explain",
                                             "/api/v1/events", "/metrics")

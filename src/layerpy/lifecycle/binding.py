@@ -208,7 +208,11 @@ class Lifecycle:
             "problem": node.problem,
             "image_wanted": self.image_of(name),
             "image_problem": entry.error if entry else None,
-            "files_wanted": files.revision if files else None,
+            "files": {  # the revision in place on the node, and the one it should have
+                "running": node.files_revision,
+                "wanted": files.revision if files else None,
+                "error": node.files_error,
+            },
             "power": node.power,
             "desired": self.desired_of(name).get("power"),
             "override": name in self.overrides,
