@@ -97,14 +97,19 @@ class LabSession:
         return {node["name"]: node for node in self.api("/api/v1/nodes") or []}
 
     def start(
-        self, *names: str, firmware: dict[str, str] | None = None, nic: dict[str, str] | None = None
+        self,
+        *names: str,
+        firmware: dict[str, str] | None = None,
+        nic: dict[str, str] | None = None,
+        memory_mb: int | None = None,
     ) -> list[Vm]:
-        """Start lab machines (with another `firmware` or `nic` model for some, by name);
-        the ones with a BMC stay off until layerpy powers them on."""
+        """Start lab machines (with another `firmware` or `nic` model for some, by name, and
+        `memory_mb` for all); the ones with a BMC stay off until layerpy powers them on."""
         firmware, nic = firmware or {}, nic or {}
         specs = [
             replace(MACHINES[name], firmware=firmware.get(name, MACHINES[name].firmware),
-                    nic=nic.get(name, MACHINES[name].nic))
+                    nic=nic.get(name, MACHINES[name].nic),
+                    memory_mb=memory_mb or MACHINES[name].memory_mb)
             for name in names
         ]  # fmt: skip
         vms = [self.lab.add_vm(spec) for spec in specs]
@@ -163,9 +168,18 @@ def main() -> int:
         action="store_true",
         help="a site's DHCP server (dnsmasq) hands out the addresses, layerpy is ProxyDHCP",
     )
+    parser.add_argument(
+        "--slurm",
+        action="store_true",
+        help="the Slurm demo: three nodes boot a Slurm image, run jobs, roll to v2 (issue 13)",
+    )
     parser.add_argument("--timeout", type=float, default=180)
     parser.add_argument("--run-dir", type=Path, default=REPO / "vm-lab" / "run")
     args = parser.parse_args()
+    if args.slurm:
+        from slurm_lab import demo
+
+        return demo(args.run_dir, args.until_ready)
     names = args.vms.split(",")
     if args.proxy:
         session = LabSession(args.run_dir, PROXY_CONFIG, start_site_dhcp_for_proxy_lab)

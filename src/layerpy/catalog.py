@@ -118,4 +118,5 @@ class Catalog:
             config=image.config,
             systemd=entry.config.systemd,
             command=entry.config.command,
+            persist=entry.config.persist,
         )

@@ -604,7 +604,9 @@ def test_files_are_in_place_before_start_and_change_in_place(
 ) -> None:
     a = agent()
     key = b"\x00secret\xff" * 8
-    conf = (b"v1\n", 0o644, "root:root", "echo applied $(cat /etc/app.conf) >> /applied")
+    # /proc is the container's own mount: the command runs in its mount namespace
+    apply = "echo applied $(cat /etc/app.conf) $(cat /proc/1/comm) >> /applied"
+    conf = (b"v1\n", 0o644, "root:root", apply)
     files = node_files(
         {"/etc/app.conf": conf, "/etc/munge/munge.key": (key, 0o400, "munge:munge", None)}
     )
@@ -626,7 +628,8 @@ def test_files_are_in_place_before_start_and_change_in_place(
     a.wait(lambda r: a.r.files().revision == changed.revision)
     assert a.state("active")["container_pid"] == pid  # no restart
     assert (inside / "etc/app.conf").read_text() == "v2\n"
-    assert (inside / "applied").read_text() == "applied v2\n"  # run in the container, once
+    shim = Path(f"/proc/{pid}/comm").read_text().strip()  # its PID 1
+    assert (inside / "applied").read_text() == f"applied v2 {shim}\n"  # inside, once
     assert a.r.files().error is None
     assert any(
         f"files revision {changed.revision} in place (/etc/app.conf)" in ln for ln in a.lines

@@ -331,7 +331,9 @@ class Container:
         bb, root = self.busybox, self.image.root
         env = [f"PATH={DEFAULT_PATH}", "HOME=/root", "container=layerpy"]
         argv = [bb, "env", "-i", *env, bb, "nsenter", "-t", str(init), "-m", "-u", "-i", "-p"]
-        argv += [f"--root={root}", f"--wd={root}", "--", "/bin/sh", "-c", command]
+        # chroot once inside its mount namespace: nsenter --root would open the directory
+        # before entering it, and miss the container's own mounts (/run, /sys, …)
+        argv += ["--", bb, "chroot", root, "/bin/sh", "-c", command]
         try:
             done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
                                   timeout=APPLY_TIMEOUT, check=False)  # fmt: skip
