@@ -363,7 +363,9 @@ def boot_token(host: Host, node: str, source: str) -> str:
 def test_a_nodes_files_go_to_that_node_only(make_config, tmp_path: Path) -> None:
     """The answer names the files by digest; the bytes go only to the node they are for,
     by its boot token; operators see revisions, never a secret (issue 13)."""
-    (tmp_path / "motd.j2").write_text("{{ node.name }} is {{ node.vars.role | default('compute') }}\n")
+    (tmp_path / "motd.j2").write_text(
+        "{{ node.name }} is {{ node.vars.role | default('compute') }}\n"
+    )
     (tmp_path / "munge.key").write_text(MUNGE_SECRET)
     (tmp_path / "munge.key").chmod(0o600)
     config = make_config(server="10.66.0.1", interface="d0", more=NODE_FILES)

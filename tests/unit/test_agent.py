@@ -163,7 +163,9 @@ class FakeServer:
                 data = b"{}"
                 if owner.status == 200 and owner.heartbeat is not None:
                     node = body.get("node") or "t1"
-                    answer = Answer(node, owner.heartbeat, identity=owner.identity, protocol=owner.protocol)
+                    answer = Answer(
+                        node, owner.heartbeat, identity=owner.identity, protocol=owner.protocol
+                    )
                     data = json.dumps(encode(answer)).encode()
                 self.send_response(owner.status)
                 self.send_header("Content-Type", "application/json")
