@@ -40,7 +40,7 @@ exec 9>"$CACHE/minos-build.lock"
 flock 9 # one build at a time: they share the scratch directory
 
 PACKAGES="busybox-static python3.11-minimal libpython3.11-minimal libpython3.11-stdlib
-libc6 zlib1g libexpat1 ${LAYERPY_MINOS_FIRMWARE_DEBS:-}"
+libc6 zlib1g libexpat1 libffi8 ${LAYERPY_MINOS_FIRMWARE_DEBS:-}"
 
 ARGS=("$@")
 FORCE=0
@@ -170,7 +170,7 @@ KVER=$(basename "$(ls -d "$ROOT"/lib/modules/*/ | head -n1)")
 [ -f "$ROOT/boot/vmlinuz-$KVER" ] || die "no vmlinuz for $KVER in $KPKG"
 LIBDIR=lib/x86_64-linux-gnu
 LDSO=$ROOT/$LIBDIR/ld-linux-x86-64.so.2
-PY=("$LDSO" --library-path "$ROOT/$LIBDIR" "$ROOT/usr/bin/python3.11")
+PY=("$LDSO" --library-path "$ROOT/$LIBDIR:$ROOT/usr/$LIBDIR" "$ROOT/usr/bin/python3.11")
 PYV=$(PYTHONHOME=$ROOT/usr "${PY[@]}" -S -c 'import sys; print(sys.version.split()[0])')
 log "kernel $KVER ($KPKG), python $PYV"
 
@@ -224,6 +224,7 @@ log "stdlib: $(wc -l <"$WORK/stdlib.list") modules kept"
 copy_lib() { # path under $ROOT -> same path under $RFS, following symlinks
     local rel=$1 target
     [ -e "$RFS/$rel" ] && return
+    mkdir -p "$RFS/$(dirname "$rel")"
     if [ -L "$ROOT/$rel" ]; then
         target=$(readlink "$ROOT/$rel")
         ln -s "$target" "$RFS/$rel"
@@ -235,7 +236,7 @@ copy_lib() { # path under $ROOT -> same path under $RFS, following symlinks
 ELFS=("$ROOT/usr/bin/python3.11")
 while read -r so; do ELFS+=("$ROOT/usr/lib/python3.11/$so"); done < <(grep '\.so$' "$WORK/stdlib.list" || true)
 for elf in "${ELFS[@]}"; do
-    "$LDSO" --library-path "$ROOT/$LIBDIR" --list "$elf" | awk '$2 == "=>" { print $3 }'
+    "$LDSO" --library-path "$ROOT/$LIBDIR:$ROOT/usr/$LIBDIR" --list "$elf" | awk '$2 == "=>" { print $3 }'
 done | sort -u | while read -r lib; do
     case "$lib" in "$ROOT"/*) copy_lib "${lib#"$ROOT"/}" ;; *) die "$lib is not from the staged debs" ;; esac
 done

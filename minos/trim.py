@@ -116,7 +116,7 @@ def exercise_runner(tmp: str) -> None:
     import json
     import tarfile
 
-    from layerpy.agent import container, image
+    from layerpy.agent import cgroupns, container, image  # noqa: F401 (cgroupns: ctypes)
     from layerpy.proto import agent as contract
 
     buf = io.BytesIO()

@@ -57,10 +57,6 @@ template = "{templates}/slurm.conf.j2"
 apply = "systemctl restart slurmd"
 groups = ["compute"]
 
-[files."/etc/slurm/cgroup.conf"]
-template = "{templates}/cgroup.conf.j2"
-groups = ["compute"]
-
 [files."/etc/hosts"]
 template = "{templates}/hosts.j2"
 

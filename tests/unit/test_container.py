@@ -484,6 +484,7 @@ def test_systemd_mode_execs_init_as_pid1_and_stops_it_with_sigrtmin3(
     init = (
         "#!/bin/sh\n"
         'echo "init pid $$ container=$container"\n'
+        'echo "cgroup $(cat /proc/self/cgroup)"\n'
         f"trap 'echo halting; exit 0' {rtmin3}\n"
         "while :; do sleep 1 & wait; done\n"
     )
@@ -492,6 +493,8 @@ def test_systemd_mode_execs_init_as_pid1_and_stops_it_with_sigrtmin3(
     a.want(spec)
     a.state("active")
     console(tmp_path, "init pid 1 container=layerpy")
+    if Path("/sys/fs/cgroup/cgroup.controllers").exists():  # cgroup2: a namespace of its own
+        console(tmp_path, "cgroup 0::/\n")  # its cgroup is the root of what it sees
     a.want(None)
     a.state("none")
     console(tmp_path, "halting")

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -36,14 +37,15 @@ STABLE = 60.0  # a run this long forgives earlier deaths
 #
 # systemd also needs a cgroup2 hierarchy it may write to: the minOS mounts one on
 # /sys/fs/cgroup (else the shim mounts it in the container), and the shim moves itself into
-# a cgroup of its own (CGROUP, below its current one), emptied of what a previous run left.
-# With no cgroup namespace (busybox unshare has no -C) systemd takes the cgroup it finds
-# itself in as its root and builds init.scope, system.slice, ... below it. On a host with
-# cgroup v1 (no cgroup.controllers) this is skipped and systemd copes on its own.
+# a cgroup of its own (CGROUP, below its current one), emptied of what a previous run left,
+# then enters a cgroup namespace rooted there (cgroupns.py: busybox unshare has no -C), so
+# systemd sees that cgroup as /sys/fs/cgroup and builds init.scope, system.slice, ... in
+# it, as under systemd-nspawn. On a host with cgroup v1 (no cgroup.controllers) this is
+# skipped and systemd copes on its own.
 SHIM = r"""
 set -e
-bb=$1 root=$2 host=$3 mode=$4 binds=$5
-shift 5
+bb=$1 py=$2 root=$3 host=$4 mode=$5 binds=$6
+shift 6
 c= stop=
 trap 'stop=1; [ -z "$c" ] || $bb kill -TERM $c 2>/dev/null' TERM
 for d in proc sys dev run tmp; do [ -d "$root/$d" ] || $bb mkdir -p "$root/$d"; done
@@ -74,8 +76,10 @@ if [ "$mode" = systemd ]; then
         own=$($bb sed -n 's/^0:://p' /proc/self/cgroup)
         cg=$fs${own%/}/CGROUP
         [ -d "$cg" ] && $bb find "$cg" -mindepth 1 -depth -type d -exec $bb rmdir {} \;
-        $bb mkdir -p "$cg" && echo 0 >"$cg/cgroup.procs" ||
-            echo "layerpy: systemd gets no cgroup of its own ($cg)" >&2
+        if $bb mkdir -p "$cg" && echo 0 >"$cg/cgroup.procs"; then
+            exec $py -m layerpy.agent.cgroupns "$bb" "$root" "$@"
+        fi
+        echo "layerpy: systemd gets no cgroup of its own ($cg)" >&2
     fi
     exec "$@"
 fi
@@ -142,6 +146,15 @@ def _drop_cgroup(fs: str = "/sys/fs/cgroup") -> None:
     for path, _, _ in os.walk(top, topdown=False):
         with contextlib.suppress(OSError):
             os.rmdir(path)
+
+
+def _shim_environment() -> dict[str, str]:
+    """PATH, and where the agent's Python finds itself and layerpy (for cgroupns.py)."""
+    layerpy_parent = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    env = {"PATH": "/sbin:/usr/sbin:/bin:/usr/bin", "PYTHONPATH": layerpy_parent}
+    if "PYTHONHOME" in os.environ:
+        env["PYTHONHOME"] = os.environ["PYTHONHOME"]
+    return env
 
 
 def _kill(pid: int | None, sig: int) -> None:
@@ -281,7 +294,8 @@ class Container:
         mode = "systemd" if systemd else "run"
         argv = [self.busybox, "unshare", "-m", "-p", "-u", "-i", "-f", "--propagation", "private"]
         binds = [(self.node_dir, NODE_DIR), *image.binds]
-        argv += ["--", self.busybox, "sh", "-c", SHIM, MARKER, self.busybox, image.root]
+        argv += ["--", self.busybox, "sh", "-c", SHIM, MARKER, self.busybox, sys.executable]
+        argv += [image.root]
         argv += [hostname, mode, str(len(binds)), *(p for bind in binds for p in bind)]
         argv += image.argv
         self._restart_at = None
@@ -307,7 +321,7 @@ class Container:
                 stdout=out,
                 stderr=out,
                 start_new_session=True,  # no console signals; survives the agent
-                env={"PATH": "/sbin:/usr/sbin:/bin:/usr/bin"},
+                env=_shim_environment(),
             )
         except OSError as e:
             self.log(f"cannot start the container: {e}")
