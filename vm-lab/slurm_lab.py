@@ -224,12 +224,13 @@ class SlurmLab:
         finally:
             release.kill()
             release.wait()
+        ended = time.monotonic()
         self.session.wait(lambda: self.running("slurm2"), 300, "cn001 on slurm v2 after its job")
-        self.note("reload to all nodes on v2", time.monotonic() - started)
+        self.note("job end to cn001 on v2", time.monotonic() - ended)
         after = {n: (node["boots"], node["boot"]["boot_id"]) for n, node in self.nodes().items()}
         assert before == after, f"a node rebooted: {before} -> {after}"
         self.controller.wait_nodes(NODES, "idle", 300)
-        self.note("reload to sinfo idle on v2", time.monotonic() - started)
+        self.note("job end to sinfo idle on v2", time.monotonic() - ended)
         kept = self.controller.srun("-N3", "cat", "/scratch/marker").stdout.split()
         self.say(f"/scratch/marker on the nodes after the roll: {' '.join(sorted(kept))}")
         return subprocess.CompletedProcess(job.args, outcome, job_log.read_text(), ""), kept

@@ -6,7 +6,8 @@ Under systemd-nspawn a container's systemd sees its own cgroup as the root of
 /sys/fs/cgroup; software that walks the tree from the top (slurmd looks for the scope it
 asked systemd for under /sys/fs/cgroup/system.slice) relies on that. busybox ``unshare``
 has no cgroup option and Python 3.11 no ``os.unshare``, so this calls unshare(2) through
-ctypes, mounts a cgroup2 file system seen from the new namespace on ROOT/sys/fs/cgroup,
+ctypes, mounts a cgroup2 file system seen from the new namespace on ROOT/sys/fs/cgroup
+(in place of the host's, in the container's own mount namespace),
 and execs COMMAND. Without a namespace (an old kernel) it says so and runs COMMAND anyway.
 """
 
@@ -26,9 +27,11 @@ def main() -> None:
     if libc.unshare(CLONE_NEWCGROUP) != 0:
         why = os.strerror(ctypes.get_errno())
         print(f"layerpy: no cgroup namespace for the container ({why})", file=sys.stderr)
-    else:
+    else:  # the kernel refuses cgroup2 over cgroup2 (EBUSY): the host's view goes first
+        where = f"{root}/sys/fs/cgroup"
+        subprocess.run([busybox, "umount", "-l", where], check=False)
         mount = [busybox, "mount", "-t", "cgroup2", "-o", "nosuid,nodev,noexec", "cgroup2"]
-        subprocess.run([*mount, f"{root}/sys/fs/cgroup"], check=False)
+        subprocess.run([*mount, where], check=False)
     os.execv(command[0], command)
 
 
