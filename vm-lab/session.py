@@ -102,13 +102,15 @@ class LabSession:
         firmware: dict[str, str] | None = None,
         nic: dict[str, str] | None = None,
         memory_mb: int | None = None,
+        disks: dict[str, Path] | None = None,
     ) -> list[Vm]:
-        """Start lab machines (with another `firmware` or `nic` model for some, by name, and
-        `memory_mb` for all); the ones with a BMC stay off until layerpy powers them on."""
-        firmware, nic = firmware or {}, nic or {}
+        """Start lab machines (with another `firmware` or `nic` model, or a local disk (a
+        raw image), for some, by name, and `memory_mb` for all); the ones with a BMC stay
+        off until layerpy powers them on."""
+        firmware, nic, disks = firmware or {}, nic or {}, disks or {}
         specs = [
             replace(MACHINES[name], firmware=firmware.get(name, MACHINES[name].firmware),
-                    nic=nic.get(name, MACHINES[name].nic),
+                    nic=nic.get(name, MACHINES[name].nic), disk=disks.get(name),
                     memory_mb=memory_mb or MACHINES[name].memory_mb)
             for name in names
         ]  # fmt: skip

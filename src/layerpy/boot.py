@@ -375,10 +375,12 @@ class BootPolicy:
     def script(self, node: Node) -> str:
         """The iPXE script that loads the minOS with this boot's token."""
         token = self.nodes.issue_token(node)
-        return self._script(node.name, token, node.mac or node.config.mac or "")
+        mac = node.mac or node.config.mac or ""
+        return self._script(node.name, token, mac, node.config.persist_disk or "")
 
-    def _script(self, name: str, token: str, mac: str) -> str:
-        layerpy = Cmdline(self.base_url, name, token, mac, self.config.server.heartbeat)
+    def _script(self, name: str, token: str, mac: str, persist: str = "") -> str:
+        heartbeat = self.config.server.heartbeat
+        layerpy = Cmdline(self.base_url, name, token, mac, heartbeat, persist=persist)
         cmdline = " ".join(arg for arg in ("initrd=minos", self.config.minos.cmdline) if arg)
         cmdline += " " + layerpy.format()
         return (

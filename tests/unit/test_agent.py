@@ -53,6 +53,19 @@ def test_cmdline_full() -> None:
     assert cfg.params["quiet"] == ""
 
 
+@pytest.mark.parametrize(
+    ("given", "kept"),
+    [("/dev/vdb", "/dev/vdb"), ("LABEL=state", "LABEL=state"), ("/dev/../etc", ""),
+     ("LABEL=$(reboot)", ""), ("", "")],
+)  # fmt: skip
+def test_cmdline_persist_disk(given: str, kept: str) -> None:
+    cfg = Cmdline.parse(f"layerpy.server=http://h layerpy.node=n layerpy.persist={given}")
+    assert cfg.ok and cfg.persist == kept
+    assert bool(cfg.problems) == (given != kept)  # said, and the state stays in RAM
+    if kept:
+        assert f"layerpy.persist={kept}" in cfg.format().split()
+
+
 def test_cmdline_heartbeat_quotes_and_last_wins() -> None:
     cfg = Cmdline.parse(
         'layerpy.node=a layerpy.node=b layerpy.server=https://h layerpy.heartbeat=2.5 x="1 2"'

@@ -205,6 +205,16 @@ BROKEN = {
             "drop insecure, or the user and password"
         ],
     ),
+    "bad persist disk": (
+        (
+            '[nodes.login]\nip = "10.99.0.5"',
+            '[nodes.login]\nip = "10.99.0.5"\npersist_disk = "sda; reboot"',
+        ),
+        [
+            "nodes.toml:31: nodes.login.persist_disk: 'sda; reboot' must be a device like "
+            "/dev/vdb or a label like LABEL=state"
+        ],
+    ),
     "node is the server": (
         ('ip = "10.99.0.5"', 'ip = "10.99.0.1"'),
         ["nodes.toml:29: nodes.login: login's IP 10.99.0.1 is the server's own address"],

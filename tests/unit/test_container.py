@@ -260,8 +260,8 @@ class Agent:
 def agent(tmp_path: Path, server: tuple[Path, str]) -> Iterator[Callable[..., Agent]]:
     made: list[Agent] = []
 
-    def make(**kw: Any) -> Agent:
-        a = Agent(tmp_path / "state", tmp_path / "console.log", **kw)
+    def make(state: str = "state", **kw: Any) -> Agent:
+        a = Agent(tmp_path / state, tmp_path / "console.log", **kw)
         a.r.server = server[1]
         made.append(a)
         return a
@@ -697,3 +697,34 @@ def test_persistent_paths_outlive_an_image_change_and_jobs_mark_the_node_busy(
     assert Path(f"/proc/{cmd_pid}/root/var/keep/log").read_text() == "PA\nPB\n"
     assert (tmp_path / "state" / "persist" / "var" / "keep" / "log").exists()
     assert any("keeping /var/keep from now on" in ln for ln in a.lines)
+
+
+@pytest.mark.skipif(not shutil.which("mkfs.ext4"), reason="needs e2fsprogs")
+def test_persistent_paths_on_a_local_disk(tmp_path: Path, agent, image, monkeypatch) -> None:
+    """layerpy.persist=LABEL=…: the node's disk holds them (found by its label, mounted
+    once; a restarted agent finds it mounted); a missing disk leaves them in RAM."""
+    label = f"lpt{os.getpid()}"[:16]
+    disk = tmp_path / "disk.img"
+    with disk.open("wb") as f:
+        f.truncate(32 << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-L", label, str(disk)], check=True)
+    loop = subprocess.run(["losetup", "-f", "--show", str(disk)], capture_output=True,
+                          text=True, check=True).stdout.strip()  # fmt: skip
+    try:
+        a = agent(persist_disk=f"LABEL={label}")
+        assert a.r.persist == f"disk LABEL={label}"
+        keep = "mkdir -p /var/keep; echo $MARK >> /var/keep/log; "
+        spec = image("PD", cmd=["/bin/sh", "-c", keep + PROBE], persist=["/var/keep"])
+        a.want(spec)
+        a.state("active", spec["digest"])
+        console(tmp_path, "[base] up PD")
+        persist = str((tmp_path / "state" / "persist").resolve())
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            assert any(line.split()[4] == persist and loop in line for line in f)
+        assert (tmp_path / "state" / "persist" / "var" / "keep" / "log").read_text() == "PD\n"
+        assert agent(persist_disk=f"LABEL={label}").r.persist == f"disk LABEL={label}"
+        monkeypatch.setattr("layerpy.agent.image.DISK_WAIT", 0.5)
+        lost = agent(state="other", persist_disk="LABEL=nosuchdisk0")
+        assert lost.r.persist == "ram (cannot mount LABEL=nosuchdisk0)"
+    finally:
+        subprocess.run(["losetup", "-d", loop], check=False)

@@ -66,6 +66,7 @@ class Runner:
         stop_timeout: float = 10.0,
         backoff: tuple[float, float] = (1.0, 30.0),
         pull_backoff: tuple[float, float] = (5.0, 300.0),
+        persist_disk: str = "",
     ) -> None:
         state_dir = os.path.realpath(state_dir)
         self.log = log
@@ -75,6 +76,7 @@ class Runner:
         self.pull_backoff = pull_backoff
         persist = os.path.join(state_dir, "persist")
         self._roots = Roots(os.path.join(state_dir, "images"), busybox, log, persist)
+        self.persist = self._roots.keep_on(persist_disk)  # where persistent paths are kept
         node_dir = os.path.join(state_dir, "node")
         os.makedirs(node_dir, mode=0o755, exist_ok=True)
         self._files = NodeFiles(os.path.join(state_dir, "files"))

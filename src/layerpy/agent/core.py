@@ -302,6 +302,7 @@ class Agent:
             agent_version=layerpy.__version__,
             image=self.image(),
             files=self.runner.files() if self.runner is not None else FilesStatus(),
+            persist=self.runner.persist if self.runner is not None else None,
         )
 
     def report(self, obs: dict[str, object]) -> Outcome:
@@ -528,7 +529,7 @@ def main() -> None:
             cfg = load_config(log, time.sleep, lambda: False)
             log(f"server {cfg.server}, boot interface {cfg.bootif or 'first Ethernet'}")
             state_dir = os.environ.get("LAYERPY_STATE_DIR", STATE_DIR)
-            runner = Runner(state_dir, log, cfg.node)
+            runner = Runner(state_dir, log, cfg.node, persist_disk=cfg.persist)
             Agent(
                 cfg, log, no_net=no_net, state_dir=state_dir, agent_start=start, runner=runner
             ).run()

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
@@ -28,6 +29,7 @@ from layerpy.proto.agent import ImageSpec, decode, encode
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 HTTP_TIMEOUT = 30.0
 CHUNK = 1 << 20
+DISK_WAIT = 15.0  # seconds a node's disk for persistent paths may take to appear
 
 
 class PullError(Exception):
@@ -273,6 +275,30 @@ class Roots:
         bb = self.busybox
         envs = [f"{k}={v}" for k, v in env.items()]
         return [bb, "env", "-i", *envs, bb, "nsenter", f"--root={root}", f"--wd={wd}", "--", *cmd]
+
+    def keep_on(self, disk: str) -> str:
+        """Mount `disk` on the persist directory, so that the persistent paths outlive a
+        reboot too; returns where they are kept, for the node's report. A disk that does
+        not come within DISK_WAIT or does not mount leaves them in RAM (and says so)."""
+        if not disk:
+            return "ram"
+        if self.persist_dir in mount_points():
+            return f"disk {disk}"  # mounted by this agent before a restart
+        os.makedirs(self.persist_dir, mode=0o700, exist_ok=True)
+        with contextlib.suppress(PullError):  # no udev: load the usual file system here
+            self._bb("modprobe", "-q", "ext4")
+        deadline = time.monotonic() + DISK_WAIT
+        while True:
+            try:
+                self._bb("mount", "-o", "nosuid,nodev", disk, self.persist_dir)
+            except PullError as e:
+                if time.monotonic() < deadline:
+                    time.sleep(1)
+                    continue
+                self.log(f"persistent paths in RAM: cannot mount {disk}: {e}")
+                return f"ram (cannot mount {disk})"
+            self.log(f"persistent paths on {disk}")
+            return f"disk {disk}"
 
     def _persist(self, image: Image) -> None:
         """The image's persistent paths, bound from the persist directory where they outlive

@@ -23,7 +23,7 @@ from layerpy.config.records import (
 )
 from layerpy.power.base import DRIVERS, PowerSpec
 
-NODE_KEYS = {"ip", "mac", "power", "bmc", "image", "location", "vars"}
+NODE_KEYS = {"ip", "mac", "power", "bmc", "image", "location", "vars", "persist_disk"}
 GROUP_KEYS = NODE_KEYS | {"nodes"}
 SWITCH_KEYS = {"chassis_id", "relay", "remote_id"}
 BMC_KEYS = {"driver", "address", "user", "password_file", "password_env", "verify_tls", "port"}
@@ -118,6 +118,7 @@ def _group(r: Reader, name: str, table: Any, ip_required: bool) -> Iterator[Node
     image = get("image", str)
     locations = get("location", str, values.locations)
     variables = get("vars", dict, default={})  # one dict for the group's nodes
+    disk = get("persist_disk", str, values.disk)
     if names is None or (ips is None and ip_required):
         return
     bmcs = _bmcs(r, table.get("bmc"), f"{prefix}.bmc", names)
@@ -132,7 +133,9 @@ def _group(r: Reader, name: str, table: Any, ip_required: bool) -> Iterator[Node
         bmc = bmcs[index] if bmcs else None
         location = locations[index] if locations else None
         ip = ips[index] if ips else None
-        yield NodeConfig(node_name, ip, mac, name, power or "on", bmc, image, location, variables)
+        yield NodeConfig(
+            node_name, ip, mac, name, power or "on", bmc, image, location, variables, disk
+        )
 
 
 def _override(
@@ -158,10 +161,12 @@ def _override(
     bmcs = _bmcs(r, table.get("bmc"), f"{prefix}.bmc", [name])
     bmc = bmcs[0] if bmcs else None
     own = get("vars", dict)
+    disk = get("persist_disk", str, values.disk)
     if base is None:
         if ip is None and ip_required:
             return None
-        return NodeConfig(name, ip, mac, None, power or "on", bmc, image, location, own or {})
+        return NodeConfig(name, ip, mac, None, power or "on", bmc, image, location, own or {},
+                          disk)  # fmt: skip
     return replace(
         base,
         ip=ip or base.ip,
@@ -171,6 +176,7 @@ def _override(
         image=image or base.image,
         location=location or base.location,
         vars={**base.vars, **own} if own else base.vars,
+        persist_disk=disk or base.persist_disk,
     )
 
 

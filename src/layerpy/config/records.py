@@ -154,6 +154,7 @@ class NodeConfig:
     # the user's variables for its files' templates: its group's, then its own (shared
     # between a group's nodes until a node sets its own)
     vars: dict[str, Any] = field(default_factory=dict, hash=False)
+    persist_disk: str | None = None  # the node's disk for persistent paths, else its RAM
 
 
 @dataclass(frozen=True)

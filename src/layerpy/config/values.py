@@ -11,6 +11,7 @@ from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
 from layerpy import hostlist
+from layerpy.proto import agent
 
 _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 
@@ -183,6 +184,13 @@ def image_path(value: str) -> str:
     if any(value == top or value.startswith(top + "/") for top in RUNTIME_PATHS):
         tops = ", ".join(RUNTIME_PATHS)
         raise ValueError(f"{value} is under {tops}, which the node's runtime mounts")
+    return value
+
+
+def disk(value: str) -> str:
+    """A node's block device, by name or by its file system's label."""
+    if not agent.DISK.fullmatch(value) or ".." in value:
+        raise ValueError(f"{value!r} must be a device like /dev/vdb or a label like LABEL=state")
     return value
 
 

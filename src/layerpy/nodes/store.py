@@ -324,6 +324,7 @@ class NodeStore:
             "seq": report.seq,
             "agent_version": report.agent_version,
             "timeline": report.timeline,
+            "persist": report.persist,
         }
         self.saw_address(node, ip)
         self._set(

@@ -36,6 +36,7 @@ _MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 _REVISION = re.compile(r"[0-9a-f]{16}")
+DISK = re.compile(r"/dev/[A-Za-z0-9/_.-]{1,60}|LABEL=[A-Za-z0-9_.-]{1,16}")  # + no ".."
 _OWNER = re.compile(r"(?:[a-z_][a-z0-9_-]{0,31}|\d{1,10}):(?:[a-z_][a-z0-9_-]{0,31}|\d{1,10})")
 _IPV4 = re.compile(r"((25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(25[0-5]|2[0-4]\d|1?\d?\d)")
 
@@ -333,6 +334,7 @@ class Report:
     agent_version: str | None = _field(_optional(_text), None)
     image: ImageStatus = _field(_record(ImageStatus), ImageStatus())
     files: FilesStatus = _field(_record(FilesStatus), FilesStatus())
+    persist: str | None = _field(_optional(_text), None)  # where persistent paths are kept
     protocol: str = _field(_text, PROTOCOL)
 
     @classmethod
@@ -476,6 +478,7 @@ class Cmdline:
     bootif: str = ""  # the MAC the firmware booted from
     heartbeat: float = HEARTBEAT
     lldp_wait: float = LLDP_WAIT  # 0 turns LLDP off
+    persist: str = ""  # the disk for persistent paths (/dev/... or LABEL=...), "" for RAM
     params: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
@@ -489,6 +492,8 @@ class Cmdline:
         ]
         if self.lldp_wait != LLDP_WAIT:
             words.append(f"layerpy.lldp_wait={self.lldp_wait:g}")
+        if self.persist:
+            words.append(f"layerpy.persist={self.persist}")
         if self.bootif:
             words.append("BOOTIF=01-" + self.bootif.replace(":", "-"))
         return " ".join(words)
@@ -519,6 +524,11 @@ class Cmdline:
             line.problems.append("layerpy.node= is missing")
         if "BOOTIF" in params and not line.bootif:
             line.problems.append(f"BOOTIF={params['BOOTIF']} is not a MAC address")
+        persist = get("layerpy.persist", "")
+        if DISK.fullmatch(persist) and ".." not in persist:
+            line.persist = persist
+        elif persist:
+            line.problems.append(f"layerpy.persist={persist[:70]} is no disk; keeping state in RAM")
         for key, low in (("heartbeat", 0.1), ("lldp_wait", 0.0)):
             raw = get(f"layerpy.{key}")
             if raw is None:
