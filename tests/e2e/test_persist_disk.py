@@ -45,12 +45,21 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
     session.close()
 
 
+def on_disk(disk, path: str) -> str:
+    """A file's content as the disk image holds it now (debugfs reads it, read-only)."""
+    done = subprocess.run(["debugfs", "-R", f"cat {path}", str(disk)], capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    return done.stdout.strip()
+
+
 def test_a_disk_keeps_the_persistent_paths_across_a_power_cycle(lab) -> None:
     vm = lab.lab.vms["cn001"]
     lab.wait_state(["cn001"], "ready", timeout=180)
     assert vm.wait_serial(r"\[counter\] PERSIST-COUNT 1\b", 120)
     assert vm.wait_serial(rf"persistent paths on LABEL={LABEL}", 5)
     assert lab.nodes()["cn001"]["agent"]["persist"] == f"disk LABEL={LABEL}"
+    lab.wait(lambda: on_disk(lab.run_dir / "cn001.disk", "/data/count") == "1", 60,
+             "the count written to the disk (ext4 commits every 5 s)")  # fmt: skip
     boots = lab.nodes()["cn001"]["boots"]
     vm.mark = vm.serial_log.stat().st_size
     lab.cli("power", "cycle", "cn001")

@@ -324,6 +324,7 @@ class Roots:
                 os.makedirs(os.path.dirname(kept), mode=0o700, exist_ok=True)
                 self._bb("cp", "-a", image.root + path, part)
                 os.rename(part, kept)
+                os.sync()  # on a disk: there after a power loss
                 self.log(f"image {image.label}: keeping {path} from now on")
             image.binds.append((kept, path))
 
