@@ -99,8 +99,7 @@ class Runner:
         self._retry_at = 0.0
         self._files_want: FilesSpec | None = None
         self._files_status = FilesStatus()  # the revision in the running root, and trouble
-        self._files_fails = 0
-        self._files_retry_at = 0.0
+        self._files_failing: tuple[str, int, float] | None = None  # revision, fails, retry at
         self._worker: threading.Thread | None = None
         self._lock = threading.Lock()  # the container and its image
         self._state_lock = threading.RLock()  # the wanted spec, the worker, the state reported
@@ -213,10 +212,10 @@ class Runner:
 
     def _files_due(self, files: FilesSpec) -> bool:
         """Other files than the running root has, and no failure of them to wait out."""
-        status = self._files_status
-        if files.revision == status.revision:
+        failing = self._files_failing
+        if files.revision == self._files_status.revision:
             return False
-        return status.error is None or time.monotonic() >= self._files_retry_at
+        return failing is None or failing[0] != files.revision or time.monotonic() >= failing[2]
 
     def _work(self, spec: ImageSpec | None, key: str | None) -> None:
         try:
@@ -294,9 +293,10 @@ class Runner:
             for problem in problems:
                 self.log(f"files: {problem}")
         except (FilesError, OSError) as e:
-            self._files_fails += 1
-            delay = backoff(self.pull_backoff, self._files_fails)
-            self._files_retry_at = time.monotonic() + delay
+            failing = self._files_failing
+            fails = failing[1] + 1 if failing and failing[0] == files.revision else 1
+            delay = backoff(self.pull_backoff, fails)
+            self._files_failing = (files.revision, fails, time.monotonic() + delay)
             error = f"revision {files.revision}: {e}"
             self._files_status = FilesStatus(self._files_status.revision, error)
             self.log(f"files {error}; retrying in {delay:g} s")
@@ -306,5 +306,5 @@ class Runner:
             self._kick()
 
     def _files_placed(self, files: FilesSpec | None, error: str | None) -> None:
-        self._files_fails = 0
+        self._files_failing = None
         self._files_status = FilesStatus(files.revision if files else None, error)
