@@ -55,15 +55,15 @@ def test_busy_node_is_powered_off_only_when_free(lab) -> None:
     console = lab.lab.vms["cn001"]
     console.type("\r")
     time.sleep(1)
-    console.type("touch /run/layerpy/busy\r")
-    lab.wait(lambda: lab.nodes()["cn001"]["busy"] == "busy", 20, "cn001 reports busy")
+    console.type("touch /run/layerpy/node/busy\r")  # the container's /run/layerpy
+    lab.wait(lambda: lab.nodes()["cn001"]["busy"] == "busy", 60, "cn001 reports busy")
     text = lab.config.read_text()
     lab.config.write_text(text + '\n[nodes.cn001]\npower = "off"\n')
     assert "changed  cn001" in lab.cli("reload", "-c", str(lab.config))
     time.sleep(6)  # three BMC polls: it must stay on
     assert lab.nodes()["cn001"]["power"] == "on"
     assert "blocked by busy=busy" in lab.cli("plan")
-    console.type("rm /run/layerpy/busy\r")
+    console.type("rm /run/layerpy/node/busy\r")
     lab.wait(lambda: lab.nodes()["cn001"]["power"] == "off", 20, "cn001 powered off")
     assert lab.lab.vms["cn001"].qmp("query-status")["running"] is False
     assert lab.nodes()["cn001"]["run_state"] == "unknown"  # forgotten, not "lost"

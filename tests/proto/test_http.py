@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from layerpy.config import Config
-from layerpy.proto.agent import FILES_PATH, PROTOCOL, Answer, encode
+from layerpy.files import revision
+from layerpy.proto.agent import FILES_PATH, PROTOCOL, Answer, FilesSpec, encode
 
 from netns import Netns
 
@@ -130,7 +131,7 @@ def test_kernel_initrd_and_timeline(host: Host, tmp_path: Path) -> None:
         assert code == 200 and body == (tmp_path / path).read_text()
     code, partial = curl(host, "-r", "0-6", f"{BASE}/minos/kernel")
     assert code == 206 and partial == "vmlinuz"
-    answer = Answer(node="cn001", heartbeat=2.0)
+    answer = Answer(node="cn001", heartbeat=2.0, files=FilesSpec(revision([]), ()))  # none
     assert report(host, token=token) == (200, encode(answer))
     assert report(host, token=token, event="heartbeat", seq=2)[0] == 200
     node = json.loads(api(host, "/api/v1/nodes/cn001")[1])
