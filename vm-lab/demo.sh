@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # The lab demo: installs what it needs, then boots lab VMs from `layerpy serve`.
 # `vm-lab/demo.sh --until-ready` exits 0 once every node is ready (non-zero on failure).
+# `vm-lab/demo.sh --slurm [--until-ready]`: the Slurm cluster demo (vm-lab/slurm_lab.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 vm-lab/setup.sh
+if [ "${1:-}" = --slurm ]; then
+    shift
+    exec .venv/bin/python vm-lab/slurm_lab.py "$@"
+fi
 exec .venv/bin/python vm-lab/session.py "$@"

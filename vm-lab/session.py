@@ -170,18 +170,9 @@ def main() -> int:
         action="store_true",
         help="a site's DHCP server (dnsmasq) hands out the addresses, layerpy is ProxyDHCP",
     )
-    parser.add_argument(
-        "--slurm",
-        action="store_true",
-        help="the Slurm demo: three nodes boot a Slurm image, run jobs, roll to v2 (issue 13)",
-    )
     parser.add_argument("--timeout", type=float, default=180)
     parser.add_argument("--run-dir", type=Path, default=REPO / "vm-lab" / "run")
     args = parser.parse_args()
-    if args.slurm:
-        from slurm_lab import demo
-
-        return demo(args.run_dir, args.until_ready)
     names = args.vms.split(",")
     if args.proxy:
         session = LabSession(args.run_dir, PROXY_CONFIG, start_site_dhcp_for_proxy_lab)

@@ -20,6 +20,7 @@ measured, are what tests/e2e/test_slurm.py checks:
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -236,6 +237,15 @@ class SlurmLab:
         return subprocess.CompletedProcess(job.args, outcome, job_log.read_text(), ""), kept
 
 
+def main() -> int:
+    parser = argparse.ArgumentParser(description="The Slurm demo (vm-lab/demo.sh --slurm).")
+    parser.add_argument("--until-ready", action="store_true",
+                        help="exit 0 once every step worked, non-zero on failure")  # fmt: skip
+    parser.add_argument("--run-dir", type=Path, default=REPO / "vm-lab" / "run")
+    args = parser.parse_args()
+    return demo(args.run_dir, args.until_ready)
+
+
 def demo(run_dir: Path, until_ready: bool) -> int:
     """``vm-lab/demo.sh --slurm``: the three steps, narrated; then the lab stays up for a
     person to try (Ctrl-C ends it), unless `until_ready`."""
@@ -265,3 +275,7 @@ def demo(run_dir: Path, until_ready: bool) -> int:
         return 1
     finally:
         lab.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
