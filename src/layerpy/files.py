@@ -20,9 +20,7 @@ from jinja2.sandbox import SandboxedEnvironment
 
 from layerpy import hostlist
 from layerpy.config.records import Config, FileConfig, NodeConfig
-from layerpy.proto.agent import FileSpec, FilesSpec
-
-MAX_FILE = 1 << 20  # bytes a template or secret may be, and a rendered file
+from layerpy.proto.agent import MAX_FILE, FileSpec, FilesSpec
 
 
 class RenderError(ValueError):

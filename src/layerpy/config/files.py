@@ -26,12 +26,12 @@ from layerpy import hostlist
 from layerpy.config import values
 from layerpy.config.reading import Reader
 from layerpy.config.records import Config, FileConfig, ImageConfig, NodeConfig
+from layerpy.proto.agent import MAX_FILE
 
 FILE_KEYS = {"template", "secret", "mode", "owner", "apply", "images", "groups", "nodes"}
 _OWNER = re.compile(
     r"^(?:[a-z_][a-z0-9_-]{0,31}|\d{1,10})(?::(?:[a-z_][a-z0-9_-]{0,31}|\d{1,10}))?$"
 )
-MAX_SOURCE = 1 << 20
 
 
 def read(
@@ -112,14 +112,14 @@ def _source_ok(r: Reader, prefix: str, source: Any, secret: bool) -> bool:
     try:
         info = source.stat()
         # a secret's bytes are read only when a node's files are made, not to check it
-        text = source.read_bytes() if info.st_size <= MAX_SOURCE and not secret else b""
+        text = source.read_bytes() if info.st_size <= MAX_FILE and not secret else b""
         if secret and not os.access(source, os.R_OK):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
     except OSError as error:
         r.problem(key, f"cannot read {source}: {error.strerror}")
         return False
-    if info.st_size > MAX_SOURCE:
-        r.problem(key, f"{source} is over {MAX_SOURCE} bytes")
+    if info.st_size > MAX_FILE:
+        r.problem(key, f"{source} is over {MAX_FILE} bytes")
         return False
     if secret:
         if info.st_mode & stat.S_IROTH:

@@ -29,6 +29,7 @@ LLDP_WAIT = 35.0  # seconds the agent listens for the switch per round: one 30 s
 MAX_TEXT = 500  # characters kept of free text (errors, names) from the other side
 MAX_TIMELINE = 16  # entries in an agent's timeline
 MAX_FILES = 256  # files a node gets; paths an image keeps across image changes
+MAX_FILE = 1 << 20  # bytes of one of a node's files (a template, a secret, a rendered file)
 
 _NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 _TOKEN = re.compile(r"[A-Za-z0-9_=-]{1,128}")
@@ -210,6 +211,13 @@ def _command_line(value: Any, where: str) -> str:
     return line
 
 
+def _file_size(value: Any, where: str) -> int:
+    size = _integer(value, where)
+    if size > MAX_FILE:
+        raise ContractError(f"{where} is over {MAX_FILE} bytes: {size}")
+    return size
+
+
 def _mode(value: Any, where: str) -> int:
     mode = _integer(value, where)
     if mode > 0o7777:
@@ -367,7 +375,7 @@ class FileSpec:
 
     path: str = _field(_path)
     digest: str = _field(_pattern(_DIGEST, "a sha256: digest"))
-    size: int = _field(_integer)
+    size: int = _field(_file_size)
     mode: int = _field(_mode)
     owner: str = _field(_pattern(_OWNER, "user:group"))  # names are the image's
     apply: str | None = _field(_optional(_command_line), None)  # run in the container
