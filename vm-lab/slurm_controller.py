@@ -189,6 +189,15 @@ class Controller:
         lines = self.sinfo("-h", "-N", "-o", "%N %t").split()
         return dict(zip(lines[::2], lines[1::2], strict=True))
 
+    def slurmd_started(self) -> dict[str, str]:
+        """When each node's slurmd last registered (``SlurmdStartTime``): a slurmd that
+        restarted shows a new one, where its state may still read ``idle`` from before."""
+        started = {}
+        for line in self.client("scontrol", "-o", "show", "node").stdout.splitlines():
+            fields = dict(word.split("=", 1) for word in line.split() if "=" in word)
+            started[fields.get("NodeName", "?")] = fields.get("SlurmdStartTime", "")
+        return started
+
     def wait_nodes(self, names: Iterable[str], state: str, timeout: float) -> float:
         """Seconds until every node of `names` is in `state`; TimeoutError otherwise."""
         names = list(names)

@@ -149,6 +149,14 @@ class SlurmLab:
             for n in names
         )  # fmt: skip
 
+    def wait_slurmd_back(self, before: dict[str, str], timeout: float = 300) -> None:
+        """Every node's slurmd started anew since `before` and registered, and idle."""
+        self.session.wait(
+            lambda: all(self.controller.slurmd_started().get(n) != before.get(n) for n in NODES),
+            timeout, "every slurmd restarted and registered",
+        )  # fmt: skip
+        self.controller.wait_nodes(NODES, "idle", timeout)
+
     def edit(self, old: str, new: str) -> None:
         """Change the node file as an admin would (the reload comes after)."""
         text = self.config.read_text()
@@ -177,6 +185,7 @@ class SlurmLab:
         """slurmd_debug = "verbose" for the group: a new slurm.conf, applied in place.
         Returns the SlurmdDebug line of each node's slurm.conf."""
         before = {n: (node["image"]["digest"], node["boots"]) for n, node in self.nodes().items()}
+        slurmd = self.controller.slurmd_started()
         self.edit('power = "on"\n', 'power = "on"\nvars = { slurmd_debug = "verbose" }\n')
         started = time.monotonic()
         self.session.cli("reload", "-c", str(self.config))
@@ -192,7 +201,7 @@ class SlurmLab:
         self.note("reload to new slurm.conf applied on all nodes", time.monotonic() - started)
         after = {n: (node["image"]["digest"], node["boots"]) for n, node in self.nodes().items()}
         assert before == after, f"the change was not in place: {before} -> {after}"
-        self.controller.wait_nodes(NODES, "idle", 120)
+        self.wait_slurmd_back(slurmd)
         conf = self.controller.srun("-N3", "grep", "^SlurmdDebug", "/etc/slurm/slurm.conf")
         self.say(f"on the nodes now: {sorted(set(conf.stdout.split()))}")
         return conf.stdout.split()
@@ -201,6 +210,7 @@ class SlurmLab:
         """Image v2 while a job runs on cn001; returns the job's outcome and what each
         node's /scratch/marker holds afterwards."""
         before = {n: (node["boots"], node["boot"]["boot_id"]) for n, node in self.nodes().items()}
+        slurmd = self.controller.slurmd_started()
         wait_release = (f"until (exec 3<>/dev/tcp/{ADDRESS}/{RELEASE_PORT}) 2>/dev/null;"
                         " do sleep 1; done; echo job done on $(hostname)")  # fmt: skip
         job_log = self.run_dir / "job.log"
@@ -230,7 +240,7 @@ class SlurmLab:
         self.note("job end to cn001 on v2", time.monotonic() - ended)
         after = {n: (node["boots"], node["boot"]["boot_id"]) for n, node in self.nodes().items()}
         assert before == after, f"a node rebooted: {before} -> {after}"
-        self.controller.wait_nodes(NODES, "idle", 300)
+        self.wait_slurmd_back(slurmd)
         self.note("job end to sinfo idle on v2", time.monotonic() - ended)
         kept = self.controller.srun("-N3", "cat", "/scratch/marker").stdout.split()
         self.say(f"/scratch/marker on the nodes after the roll: {' '.join(sorted(kept))}")

@@ -267,7 +267,7 @@ def test_hello_body(server, agents, tmp_path) -> None:
     assert hello.pop("path") == "/api/v1/agent/report"
     assert set(hello) == {
         "node", "token", "mac", "ip", "hostname", "boot_id", "seq", "event",
-        "busy", "uptime", "timeline", "lldp", "lldp_ignored", "agent_version", "image", "files",
+        "busy", "uptime", "timeline", "lldp", "lldp_ignored", "agent_version", "image", "files", "persist",
         "protocol",
     }  # fmt: skip
     assert hello["node"] == "t1"
