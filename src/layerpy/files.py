@@ -20,15 +20,11 @@ from jinja2.sandbox import SandboxedEnvironment
 
 from layerpy import hostlist
 from layerpy.config.records import Config, FileConfig, NodeConfig
-from layerpy.proto.agent import MAX_FILE, FileSpec, FilesSpec
+from layerpy.proto.agent import MAX_FILE, MAX_FILES, FileSpec, FilesSpec
 
 
 class RenderError(ValueError):
     """A file that cannot be made for a node; the message names the file, node and line."""
-
-    def __init__(self, path: str, message: str) -> None:
-        super().__init__(message)
-        self.path = path
 
 
 @dataclass(frozen=True)
@@ -76,8 +72,11 @@ def render_problems(config: Config) -> dict[str, str]:
     """The first failure of each file, made for every node the file gives it to."""
     problems: dict[str, str] = {}
     for node in config.nodes.values():
-        for file in config.files.values():
-            if file.path not in problems and file.for_node(node) and file.for_image(node.image):
+        chosen = [f for f in config.files.values() if f.for_node(node) and f.for_image(node.image)]
+        if len(chosen) > MAX_FILES:
+            problems[chosen[MAX_FILES].path] = f"{node.name} gets over {MAX_FILES} files"
+        for file in chosen:
+            if file.path not in problems:
                 try:
                     _make(config, file, node)
                 except RenderError as error:
@@ -131,7 +130,7 @@ def _make(config: Config, file: FileConfig, node: NodeConfig) -> NodeFile:
         raw = _read(file.source)
     except OSError as error:
         why = f"cannot read {file.source}: {error.strerror}"
-        raise RenderError(file.path, f"{file.path}: {why}") from None
+        raise RenderError(f"{file.path}: {why}") from None
     if file.secret:
         content = raw
     else:
@@ -141,11 +140,11 @@ def _make(config: Config, file: FileConfig, node: NodeConfig) -> NodeFile:
             line = getattr(error, "lineno", None)
             where = f"{file.source}{f' line {line}' if line else ''}"
             why = f"{error} ({where})"
-            raise RenderError(file.path, f"{file.path} for {node.name}: {why}") from None
+            raise RenderError(f"{file.path} for {node.name}: {why}") from None
         content = text.encode()
         if len(content) > MAX_FILE:
             why = f"over {MAX_FILE} bytes rendered"
-            raise RenderError(file.path, f"{file.path} for {node.name}: {why}")
+            raise RenderError(f"{file.path} for {node.name}: {why}")
     return NodeFile(file.path, file.mode, file.owner, content, file.secret, file.apply, file.source)
 
 

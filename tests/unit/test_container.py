@@ -728,3 +728,24 @@ def test_persistent_paths_on_a_local_disk(tmp_path: Path, agent, image, monkeypa
         assert lost.r.persist == "ram (cannot mount LABEL=nosuchdisk0)"
     finally:
         subprocess.run(["losetup", "-d", loop], check=False)
+
+
+def test_odd_files_in_the_image_neither_hang_nor_stop_the_agent(
+    tmp_path: Path, agent, image, node_files
+) -> None:
+    """A FIFO where a file goes, or as /etc/passwd: replaced, or refused, never read."""
+    a = agent()
+    spec = image("O")
+    a.want(spec)
+    a.state("active", spec["digest"])
+    (root,) = (tmp_path / "state" / "images").glob("*/root")
+    os.mkfifo(root / "etc" / "fifo")
+    files = node_files({"/etc/fifo": (b"now a file\n", 0o644, "root:root", None)})
+    a.want(spec, files)
+    a.wait(lambda r: a.r.files().revision == files.revision)
+    assert (root / "etc" / "fifo").read_text() == "now a file\n"
+    (root / "etc" / "passwd").unlink()
+    os.mkfifo(root / "etc" / "passwd")
+    keyed = node_files({"/etc/key": (b"k", 0o400, "munge:munge", None)})
+    a.want(spec, keyed)
+    a.wait(lambda r: "the image has no user 'munge'" in (a.r.files().error or ""))

@@ -191,7 +191,7 @@ def test_deliveries_follow_the_image_the_node_is_told_to_run(cluster) -> None:
                 'source = "oci-layout:slurm-oci:v1"',
                 'source = "oci-layout:slurm-oci:v1"\npersist = ["/etc/slurm"]',
             ),
-            "lies in /etc/slurm, which image slurm keeps across image "
+            "meets /etc/slurm, which image slurm keeps across image "
             "changes (persist): the node's own copy would hide it",
         ),
         (
@@ -199,7 +199,8 @@ def test_deliveries_follow_the_image_the_node_is_told_to_run(cluster) -> None:
                 'source = "oci-layout:slurm-oci:v1"',
                 'source = "oci-layout:slurm-oci:v1"\npersist = ["/var/lib", "/var/lib/munge"]',
             ),
-            "/var/lib/munge is inside /var/lib: name the outer one only",
+            "/var/lib/munge is inside /var/lib, which image slurm keeps: a node keeps one store "
+            "for all its images; name the outer one only",
         ),
         (
             (

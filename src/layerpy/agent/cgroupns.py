@@ -31,7 +31,10 @@ def main() -> None:
         where = f"{root}/sys/fs/cgroup"
         subprocess.run([busybox, "umount", "-l", where], check=False)
         mount = [busybox, "mount", "-t", "cgroup2", "-o", "nosuid,nodev,noexec", "cgroup2"]
-        subprocess.run([*mount, where], check=False)
+        if subprocess.run([*mount, where], check=False).returncode:
+            print("layerpy: cannot mount the container's cgroup2; it sees the host's",
+                  file=sys.stderr)  # fmt: skip
+            subprocess.run([busybox, "mount", "--bind", "/sys/fs/cgroup", where], check=False)
     os.execv(command[0], command)
 
 

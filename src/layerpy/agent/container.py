@@ -26,6 +26,7 @@ from layerpy.agent.process import Container, backoff
 from layerpy.proto.agent import FilesSpec, FilesStatus, ImageSpec, ImageState, ImageStatus, encode
 
 BUSYBOX = "/bin/busybox"
+NODE_DIR = "node"  # below the state directory: the container's /run/layerpy (a job's "busy")
 
 
 class Superseded(Exception):
@@ -77,7 +78,7 @@ class Runner:
         persist = os.path.join(state_dir, "persist")
         self._roots = Roots(os.path.join(state_dir, "images"), busybox, log, persist)
         self.persist = self._roots.keep_on(persist_disk)  # where persistent paths are kept
-        node_dir = os.path.join(state_dir, "node")
+        node_dir = os.path.join(state_dir, NODE_DIR)
         os.makedirs(node_dir, mode=0o755, exist_ok=True)
         self._files = NodeFiles(os.path.join(state_dir, "files"))
         self._container = Container(
@@ -292,12 +293,13 @@ class Runner:
             self.log(f"files revision {files.revision} in place ({paths})")
             for problem in problems:
                 self.log(f"files: {problem}")
-        except (FilesError, OSError) as e:
+        except Exception as e:  # whatever it was, the running container is left as it is
             failing = self._files_failing
             fails = failing[1] + 1 if failing and failing[0] == files.revision else 1
             delay = backoff(self.pull_backoff, fails)
             self._files_failing = (files.revision, fails, time.monotonic() + delay)
-            error = f"revision {files.revision}: {e}"
+            why = str(e) if isinstance(e, FilesError | OSError) else f"{type(e).__name__}: {e}"
+            error = f"revision {files.revision}: {why}"
             self._files_status = FilesStatus(self._files_status.revision, error)
             self.log(f"files {error}; retrying in {delay:g} s")
         finally:

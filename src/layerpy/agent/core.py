@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import layerpy
 from layerpy.agent import lldp
-from layerpy.agent.container import Runner
+from layerpy.agent.container import NODE_DIR, Runner
 from layerpy.agent.net import Nic, pick_interface, source_address
 from layerpy.proto.agent import (
     Answer,
@@ -48,7 +48,7 @@ UPTIME = "/proc/uptime"
 HOSTNAME = "/proc/sys/kernel/hostname"  # sethostname(2) by another door: no busybox needed
 STATE_DIR = "/run/layerpy"
 CMDLINE = "/proc/cmdline"
-BUSY = "node/busy"  # below the state directory: /run/layerpy/busy in the container
+BUSY = os.path.join(NODE_DIR, "busy")  # /run/layerpy/busy in the container
 HTTP_TIMEOUT = 5.0
 CONFIG_RETRY = 30.0
 

@@ -16,12 +16,13 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import stat
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 
-from layerpy.proto.agent import FILES_PATH, FileSpec, FilesSpec
+from layerpy.proto.agent import FILES_PATH, MAX_FILE, FileSpec, FilesSpec
 
 HTTP_TIMEOUT = 30.0
 
@@ -135,7 +136,7 @@ class Owners:
 
     @staticmethod
     def _id(name: str, known: dict[str, int], what: str, file: FileSpec) -> int:
-        if name.isdigit():
+        if name.isdigit():  # the contract's pattern: at most 9 ASCII digits
             return int(name)
         if name not in known:
             raise FilesError(f"{file.path}: the image has no {what} {name!r}")
@@ -143,14 +144,16 @@ class Owners:
 
 
 def _ids(root: str, path: str) -> dict[str, int]:
+    """Names to ids from the image's passwd or group file (whatever it holds: ids in
+    range only)."""
     try:
-        text = read(root, path).decode("utf-8", errors="replace")
+        data = read(root, path)
     except (OSError, FilesError):
         return {}
-    ids = {}
-    for line in text.splitlines():
+    ids: dict[str, int] = {}
+    for line in (data or b"").decode("utf-8", errors="replace").splitlines():
         fields = line.split(":")
-        if len(fields) > 2 and fields[2].isdigit():
+        if len(fields) > 2 and re.fullmatch(r"[0-9]{1,9}", fields[2]):
             ids.setdefault(fields[0], int(fields[2]))
     return ids
 
@@ -183,13 +186,16 @@ def directory(root: str, path: str, create: bool) -> tuple[int, str]:
     return fd, name
 
 
-def read(root: str, path: str) -> bytes:
+def read(root: str, path: str, limit: int = MAX_FILE) -> bytes | None:
+    """A regular file's first `limit` + 1 bytes; None for anything else (a FIFO, a device,
+    a symlink: an image may hold any of them where a file is expected)."""
     fd, name = directory(root, path, create=False)
     try:
-        with open(os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd), "rb") as f:
-            return f.read(1 << 20)
+        found = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
     finally:
         os.close(fd)
+    with open(found, "rb") as f:
+        return f.read(limit + 1) if stat.S_ISREG(os.fstat(f.fileno()).st_mode) else None
 
 
 def write(root: str, path: str, data: bytes, mode: int, uid: int, gid: int) -> bool:
@@ -197,14 +203,13 @@ def write(root: str, path: str, data: bytes, mode: int, uid: int, gid: int) -> b
     fd, name = directory(root, path, create=True)
     try:
         with contextlib.suppress(OSError):
-            old = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+            old = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
             with open(old, "rb") as f:
                 info = os.fstat(f.fileno())
-                owned = (info.st_uid, info.st_gid) == (uid, gid)
-                regular = stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) == mode
-                same = regular and owned and f.read() == data
-            if same:
-                return False
+                kept = (stat.S_ISREG(info.st_mode), stat.S_IMODE(info.st_mode), info.st_uid,
+                        info.st_gid, info.st_size)  # fmt: skip
+                if kept == (True, mode, uid, gid, len(data)) and f.read(len(data)) == data:
+                    return False
         tmp = f".{name}.layerpy-new"
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp, dir_fd=fd)

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -77,7 +78,7 @@ if [ "$mode" = systemd ]; then
         cg=$fs${own%/}/CGROUP
         [ -d "$cg" ] && $bb find "$cg" -mindepth 1 -depth -type d -exec $bb rmdir {} \;
         if $bb mkdir -p "$cg" && echo 0 >"$cg/cgroup.procs"; then
-            exec $py -m layerpy.agent.cgroupns "$bb" "$root" "$@"
+            exec "$py" -m layerpy.agent.cgroupns "$bb" "$root" "$@"
         fi
         echo "layerpy: systemd gets no cgroup of its own ($cg)" >&2
     fi
@@ -348,17 +349,24 @@ class Container:
         # chroot once inside its mount namespace: nsenter --root would open the directory
         # before entering it, and miss the container's own mounts (/run, /sys, …)
         argv += ["--", bb, "chroot", root, "/bin/sh", "-c", command]
-        try:
-            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
-                                  timeout=APPLY_TIMEOUT, check=False)  # fmt: skip
-        except subprocess.TimeoutExpired:
-            return f"still running after {APPLY_TIMEOUT:g} s"
-        except OSError as e:
-            return str(e)
-        if done.returncode == 0:
-            return None
-        tail = (done.stdout + done.stderr).decode(errors="replace").strip()[-300:]
-        return f"exit status {done.returncode}" + (f": {tail}" if tail else "")
+        with tempfile.TemporaryFile() as out:  # its output, whatever its size, not in RAM
+            try:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                        stderr=out, start_new_session=True)  # fmt: skip
+            except OSError as e:
+                return str(e)
+            try:
+                status = proc.wait(APPLY_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(OSError):  # nsenter forked the command: its session
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return f"still running after {APPLY_TIMEOUT:g} s: killed"
+            if status == 0:
+                return None
+            out.seek(max(0, out.tell() - 300))
+            tail = out.read().decode(errors="replace").strip()
+        return f"exit status {status}" + (f": {tail}" if tail else "")
 
     def _stop(self) -> None:
         """Stop the container and wait: SIGTERM (systemd: SIGRTMIN+3), SIGKILL when late."""

@@ -26,12 +26,9 @@ from layerpy import hostlist
 from layerpy.config import values
 from layerpy.config.reading import Reader
 from layerpy.config.records import Config, FileConfig, ImageConfig, NodeConfig
-from layerpy.proto.agent import MAX_FILE
+from layerpy.proto.agent import MAX_FILE, OWNER
 
 FILE_KEYS = {"template", "secret", "mode", "owner", "apply", "images", "groups", "nodes"}
-_OWNER = re.compile(
-    r"^(?:[a-z_][a-z0-9_-]{0,31}|\d{1,10})(?::(?:[a-z_][a-z0-9_-]{0,31}|\d{1,10}))?$"
-)
 
 
 def read(
@@ -69,10 +66,10 @@ def read(
         kept = [
             (image.name, top) for image in images.values() for top in image.persist
             if (chosen_images is None or image.name in chosen_images)
-            and path.startswith(top + "/")
+            and (path == top or path.startswith(top + "/") or top.startswith(path + "/"))
         ]  # fmt: skip
         if kept:
-            r.problem(prefix, f"lies in {kept[0][1]}, which image {kept[0][0]} keeps across "
+            r.problem(prefix, f"meets {kept[0][1]}, which image {kept[0][0]} keeps across "
                       "image changes (persist): the node's own copy would hide it")  # fmt: skip
         if not _source_ok(r, prefix, source, secret is not None):
             continue
@@ -102,9 +99,11 @@ def _mode(value: str) -> int:
 
 
 def _owner(value: str) -> str:
-    if not _OWNER.match(value):
+    """user or user:group; the contract's pattern says what a node accepts."""
+    owner = value if ":" in value else f"{value}:{value}"
+    if not OWNER.fullmatch(owner):
         raise ValueError(f"{value!r} must be user or user:group (names or numbers)")
-    return value if ":" in value else f"{value}:{value}"
+    return owner
 
 
 def _source_ok(r: Reader, prefix: str, source: Any, secret: bool) -> bool:

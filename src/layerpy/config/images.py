@@ -14,6 +14,7 @@ from layerpy.config.reading import Reader
 from layerpy.config.records import ImageConfig
 from layerpy.images.registry import is_loopback
 from layerpy.images.source import parse_source
+from layerpy.proto.agent import MAX_FILES
 
 IMAGE_KEYS = {
     "source",
@@ -26,7 +27,6 @@ IMAGE_KEYS = {
     "credentials_to",
     "persist",
 }
-MAX_PERSIST = 64
 
 
 def read(r: Reader, data: dict[str, Any]) -> dict[str, ImageConfig]:
@@ -57,17 +57,22 @@ def read(r: Reader, data: dict[str, Any]) -> dict[str, ImageConfig]:
             source = replace(source, location=str(r.path(source.location)))
         systemd = get("systemd", bool, default=False)
         images[name] = ImageConfig(name, source, systemd, command, persist or ())
+    kept = [(name, path) for name, image in images.items() for path in image.persist]
+    for outer_image, outer in kept:
+        for image, inner in kept:
+            if inner.startswith(outer + "/"):
+                r.problem(f"images.{image}.persist", f"{inner} is inside {outer}, which image "
+                          f"{outer_image} keeps: a node keeps one store for all its images; "
+                          "name the outer one only")  # fmt: skip
     return images
 
 
 def _persistent_paths(value: list[Any]) -> tuple[str, ...]:
-    """Directories the node keeps across image changes: none inside another."""
+    """Directories the node keeps across image changes (none inside another: checked
+    across all images, whose nodes share one store)."""
     paths = tuple(values.image_path(path) for path in values.string_list(value))
-    if len(paths) > MAX_PERSIST:
-        raise ValueError(f"names more than {MAX_PERSIST} paths")
+    if len(paths) > MAX_FILES:
+        raise ValueError(f"names more than {MAX_FILES} paths")
     if len(set(paths)) != len(paths):
         raise ValueError("names a path twice")
-    nested = [(outer, inner) for outer in paths for inner in paths if inner.startswith(outer + "/")]
-    if nested:
-        raise ValueError(f"{nested[0][1]} is inside {nested[0][0]}: name the outer one only")
     return paths

@@ -189,7 +189,7 @@ def image_path(value: str) -> str:
 
 def disk(value: str) -> str:
     """A node's block device, by name or by its file system's label."""
-    if not agent.DISK.fullmatch(value) or ".." in value:
+    if not agent.is_disk(value):
         raise ValueError(f"{value!r} must be a device like /dev/vdb or a label like LABEL=state")
     return value
 

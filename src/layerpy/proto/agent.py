@@ -37,9 +37,14 @@ _MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 _REVISION = re.compile(r"[0-9a-f]{16}")
-DISK = re.compile(r"/dev/[A-Za-z0-9/_.-]{1,60}|LABEL=[A-Za-z0-9_.-]{1,16}")  # + no ".."
-_OWNER = re.compile(r"(?:[a-z_][a-z0-9_-]{0,31}|\d{1,10}):(?:[a-z_][a-z0-9_-]{0,31}|\d{1,10})")
+_DISK = re.compile(r"/dev/[A-Za-z0-9/_.-]{1,60}|LABEL=[A-Za-z0-9_.-]{1,16}")
+OWNER = re.compile(r"(?:[a-z_][a-z0-9_-]{0,31}|\d{1,9}):(?:[a-z_][a-z0-9_-]{0,31}|\d{1,9})")
 _IPV4 = re.compile(r"((25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(25[0-5]|2[0-4]\d|1?\d?\d)")
+
+
+def is_disk(value: str) -> bool:
+    """A node's disk as the node file and the command line name it: /dev/... or LABEL=..."""
+    return bool(_DISK.fullmatch(value)) and ".." not in value
 
 
 class ContractError(ValueError):
@@ -377,7 +382,7 @@ class FileSpec:
     digest: str = _field(_pattern(_DIGEST, "a sha256: digest"))
     size: int = _field(_file_size)
     mode: int = _field(_mode)
-    owner: str = _field(_pattern(_OWNER, "user:group"))  # names are the image's
+    owner: str = _field(_pattern(OWNER, "user:group"))  # names are the image's
     apply: str | None = _field(_optional(_command_line), None)  # run in the container
 
 
@@ -533,7 +538,7 @@ class Cmdline:
         if "BOOTIF" in params and not line.bootif:
             line.problems.append(f"BOOTIF={params['BOOTIF']} is not a MAC address")
         persist = get("layerpy.persist", "")
-        if DISK.fullmatch(persist) and ".." not in persist:
+        if is_disk(persist):
             line.persist = persist
         elif persist:
             line.problems.append(f"layerpy.persist={persist[:70]} is no disk; keeping state in RAM")
