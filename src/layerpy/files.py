@@ -64,15 +64,20 @@ def files_for(config: Config, name: str) -> list[NodeFile]:
 
 
 def _files(config: Config, node: NodeConfig, image: str | None) -> list[NodeFile]:
-    chosen = [f for f in config.files.values() if f.for_node(node) and f.for_image(image)]
-    return [_make(config, file, node) for file in sorted(chosen, key=lambda f: f.path)]
+    return [_make(config, file, node) for file in _chosen(config, node, image)]
+
+
+def _chosen(config: Config, node: NodeConfig, image: str | None) -> list[FileConfig]:
+    """The files `node` gets when it runs `image`, in path order."""
+    wanted = [f for f in config.files.values() if f.for_node(node) and f.for_image(image)]
+    return sorted(wanted, key=lambda f: f.path)
 
 
 def render_problems(config: Config) -> dict[str, str]:
     """The first failure of each file, made for every node the file gives it to."""
     problems: dict[str, str] = {}
     for node in config.nodes.values():
-        chosen = [f for f in config.files.values() if f.for_node(node) and f.for_image(node.image)]
+        chosen = _chosen(config, node, node.image)
         if len(chosen) > MAX_FILES:
             problems[chosen[MAX_FILES].path] = f"{node.name} gets over {MAX_FILES} files"
         for file in chosen:
