@@ -105,6 +105,7 @@ class Node:
     conflict: str | None = None
     conflict_at: float | None = None  # when the other machine last claimed the location
     problem: str | None = None  # what its agent gets wrong (e.g. another protocol version)
+    console_problem: str | None = None  # a panic, oops... seen on its console in this boot
     last_report: float | None = None
     boot: Boot | None = None
     boots: int = 0
@@ -128,6 +129,7 @@ class Node:
             "location": self.location,
             "conflict": self.conflict,
             "problem": self.problem,
+            "console_problem": self.console_problem,
             "image": {
                 "name": self.config.image,
                 "state": self.image_state,

@@ -24,11 +24,13 @@ from layerpy.auth import Tokens
 from layerpy.boot import BootPolicy
 from layerpy.catalog import Catalog
 from layerpy.config import Config, ConfigError, ReloadRefused, load
+from layerpy.consoles import Consoles
 from layerpy.images import ImageStore
 from layerpy.lifecycle import Lifecycle
 from layerpy.model import Phase
 from layerpy.nodes import NodeStore
 from layerpy.notify import notify, reloading
+from layerpy.power.base import PowerSpec
 from layerpy.services import listeners
 from layerpy.services.api import build_api
 from layerpy.services.dhcp import other_servers, start_dhcp
@@ -56,6 +58,7 @@ class Server:
         self.catalog = Catalog(ImageStore(config.server.state_dir / "images"), self.nodes.feed)
         self.lifecycle = Lifecycle(self.nodes, self.catalog, config.server.power_poll)
         self.policy = BootPolicy(self.nodes)
+        self.consoles = Consoles(config.server.state_dir / "consoles", self.nodes.saw_console)
         self._closers: list[object] = []
         self._runners: list[web.AppRunner] = []
         self._neighbours: set[IPv4Address] = set()  # other DHCP servers seen on the segment
@@ -99,6 +102,7 @@ class Server:
         with collector_paused():
             added, removed, changed = self.nodes.apply(config)
         self.catalog.sync(config)
+        self.consoles.sync(_console_specs(config))
         await self.lifecycle.applied(config, added, removed, changed)
         _settle_heap()
         log.info(
@@ -132,6 +136,7 @@ class Server:
             )
         )
         self.catalog.sync(self.config)  # images pull in the background
+        self.consoles.sync(_console_specs(self.config))
         if server.dhcp != "off":
             assert server.interface is not None
             if server.dhcp_probe:
@@ -169,7 +174,7 @@ class Server:
         if made is not None:
             log.info("made the first operator token, admin; its secret is in %s (0600)", made)
         app = build_api(self.policy, self.stats, self.reload, self.lifecycle, self.catalog,
-                        tokens, log_requests=server.log_requests)  # fmt: skip
+                        tokens, self.consoles, log_requests=server.log_requests)  # fmt: skip
         runner = await self._serve_app(app)
         socket_path = api.socket_path(server.state_dir)
         await listeners.unix_site(runner, socket_path, api.socket_group)
@@ -269,6 +274,7 @@ class Server:
                 await result
         for runner in reversed(self._runners):
             await runner.cleanup()
+        await self.consoles.close()
         await self.lifecycle.close()
 
 
@@ -310,6 +316,15 @@ def _private_directory(path: Path) -> None:
     if mode & 0o077:
         log.warning("%s was mode %o; made it 0700 (it holds tokens)", path, mode)
         path.chmod(0o700)
+
+
+def _console_specs(config: Config) -> dict[str, PowerSpec]:
+    """The nodes whose consoles the file says where to read."""
+    return {
+        name: node.bmc
+        for name, node in config.nodes.items()
+        if node.bmc is not None and node.bmc.console is not None
+    }
 
 
 def _names(names: set[str]) -> str:

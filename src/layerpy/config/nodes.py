@@ -26,7 +26,9 @@ from layerpy.power.base import DRIVERS, PowerSpec
 NODE_KEYS = {"ip", "mac", "power", "bmc", "image", "location", "vars", "persist_disk"}
 GROUP_KEYS = NODE_KEYS | {"nodes"}
 SWITCH_KEYS = {"chassis_id", "relay", "remote_id"}
-BMC_KEYS = {"driver", "address", "user", "password_file", "password_env", "verify_tls", "port"}
+BMC_KEYS = {
+    "driver", "address", "user", "password_file", "password_env", "verify_tls", "port", "console",
+}  # fmt: skip
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
@@ -214,7 +216,15 @@ def _bmcs(r: Reader, table: Any, prefix: str, names: list[str]) -> list[PowerSpe
         "verify_tls": get("verify_tls", bool, default=True),
         "port": get("port", int, values.port),
     }
-    return [PowerSpec(address=address, **common) for address in addresses]
+    console = get("console", str, values.console)
+    if console == "sol" and driver != "ipmi":
+        r.problem(f"{prefix}.console", f'"sol" needs driver "ipmi", not {driver!r}')
+        console = None
+    consoles = [console.format(node=n) if console else None for n in names]
+    return [
+        PowerSpec(address=address, console=console, **common)
+        for address, console in zip(addresses, consoles, strict=True)
+    ]
 
 
 def _one_each(r: Reader, key: str, entries: list[Any], names: list[str]) -> bool:

@@ -199,3 +199,16 @@ def command_line(value: str) -> str:
     if not value.strip() or not value.isprintable() or len(value) > 1000:
         raise ValueError("must be one printable line of at most 1 000 characters")
     return value
+
+
+def console(value: str) -> str:
+    """Where a node's serial console is read: "sol", or an absolute Unix socket path
+    (``{node}`` stands for the node's name)."""
+    if value == "sol":
+        return value
+    if not value.startswith("/") or not value.isprintable() or len(value) > 200:
+        raise ValueError(
+            f'{value!r} must be "sol" (IPMI Serial-over-LAN) or the absolute path of the '
+            "console's Unix socket, like /run/lab/{node}.console"
+        )
+    return value

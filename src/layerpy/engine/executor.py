@@ -64,11 +64,15 @@ class Engine:
         max_failures: int = 5,
         backoff: tuple[float, float] = (1.0, 60.0),
         on_write: Callable[[str, dict[str, str]], None] | None = None,
+        on_action: Callable[[str, dict[str, str]], None] | None = None,
     ) -> None:
         """``on_write(node, values)`` hears the dsc values the engine concludes itself
-        (forgotten on firing, fallen to on failure), so observers can mirror them."""
+        (forgotten on firing, fallen to on failure), so observers can mirror them.
+        ``on_action(node, fields)`` hears each mutation fired and how it ended (``result``:
+        fired, done, interrupted, cancelled, failed, gave_up), for the event stream."""
         self.graph, self.act, self.clock = graph, act, clock
         self.on_write = on_write
+        self.on_action = on_action
         self.max_actions, self.max_failures, self.backoff = max_actions, max_failures, backoff
         self._nodes: dict[str, _Node] = {}
         # to plan, oldest first (popped from the front in O(1): a dict would rescan the
@@ -119,6 +123,7 @@ class Engine:
                 keep = False
             if not keep:
                 log.info("%s: %s cancelled: cfg changed", rec.name, rec.current.name)
+                self._tell(rec, rec.current, "cancelled", why="the cfg changed")
                 self._end(rec, cancel=True)
         self._mark(rec)
 
@@ -138,9 +143,11 @@ class Engine:
             if self.graph.done(mutation, rec.origin, state):
                 elapsed = self.clock() - rec.fired
                 log.info("%s: %s done in %.1f s", rec.name, mutation.name, elapsed)
+                self._tell(rec, mutation, "done", seconds=f"{elapsed:.1f}")
                 self._end(rec)
             elif why := self.graph.deviation(mutation, rec.origin, state):
                 log.info("%s: %s interrupted by %s, re-planning", rec.name, mutation.name, why)
+                self._tell(rec, mutation, "interrupted", why=why)
                 self._end(rec, cancel=True)
             else:
                 return  # still on course
@@ -283,6 +290,7 @@ class Engine:
 
     def _fire(self, rec: _Node, mutation: Mutation, now: float) -> None:
         log.info("%s: fire %s", rec.name, mutation.name)
+        self._tell(rec, mutation, "fired")
         rec.current, rec.origin, rec.fired = mutation, rec.state, now
         rec.epoch += 1
         self._count["in_flight"] += 1
@@ -356,6 +364,7 @@ class Engine:
         self._write(rec, self.graph.state(values, rec.state))
         outcome = " ".join(f"{var}={value}" for var, value in values.items()) or "dsc unchanged"
         log.warning("%s: %s %s -> %s", rec.name, mutation.name, reason, outcome)
+        self._tell(rec, mutation, "failed", why=reason, outcome=outcome)
         if rec.failures is None:
             rec.failures = deque(maxlen=HISTORY)
         rec.failures.append((now, mutation.name, reason))
@@ -366,6 +375,7 @@ class Engine:
         if rec.attempts >= self.max_failures:
             rec.gave_up = f"gave up after {rec.attempts} failures; last: {mutation.name} {reason}"
             self._count["gave_up"] += 1
+            self._tell(rec, mutation, "gave_up", why=rec.gave_up)
             # Said once, and loudly: from here only news (a changed observation, such as a
             # BMC poll that answers again) or a new cfg makes the engine try this node again.
             log.error(
@@ -378,6 +388,11 @@ class Engine:
             rec.retry_at = now + min(cap, first * 2 ** (rec.attempts - 1))
             self._push(rec.retry_at, rec)
         self._mark(rec)
+
+    def _tell(self, rec: _Node, mutation: Mutation, result: str, **more: str) -> None:
+        if self.on_action is not None:
+            fields = {"mutation": mutation.name, "action": mutation.action or "", "result": result}
+            self.on_action(rec.name, fields | more)
 
     def _write(self, rec: _Node, state: State) -> None:
         """Set dsc from the engine's own conclusions, telling ``on_write`` what changed."""

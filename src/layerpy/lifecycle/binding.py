@@ -48,11 +48,18 @@ class Lifecycle:
         missing = {m.action for m in table if m.action and m.action not in ACTIONS}
         if missing:
             raise ValueError(f"the lifecycle table names unknown actions: {sorted(missing)}")
-        self.engine = Engine(Graph(VARIABLES, table), self.act, on_write=store.conclude)
+        self.engine = Engine(Graph(VARIABLES, table), self.act, on_write=store.conclude,
+                             on_action=self._published)  # fmt: skip
         self.poller = Poller(self.drivers, self._polled, poll_interval)
         self.changes = store.feed.subscribe()  # before anything can change
         for node in store.nodes.values():
             self._add(node)
+
+    def _published(self, name: str, fields: dict[str, str]) -> None:
+        """An action fired or ended: on the change feed (the event stream, the dashboard)."""
+        why = f": {fields['why']}" if "why" in fields else ""
+        message = f"{fields['mutation']} {fields['result']}{why}"
+        self.store.feed.publish(name, "action", fields, message)
 
     def _add(self, node: Node) -> None:
         if node.config.bmc is not None:  # else not under layerpy's power control
@@ -206,6 +213,7 @@ class Lifecycle:
             "location": node.location,  # evidence: source, switch, port, chassis, MAC, when
             "conflict": node.conflict,
             "problem": node.problem,
+            "console": node.console_problem,
             "image_wanted": self.image_of(name),
             "image_problem": entry.error if entry else None,
             "files": {  # the revision in place on the node, and the one it should have

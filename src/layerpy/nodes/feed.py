@@ -52,6 +52,7 @@ class Subscription:
         self._queue: deque[Change | Gap] = deque()
         self._limit = limit
         self._ready = asyncio.Event()
+        self._ended = False
 
     def _put(self, change: Change) -> None:
         if len(self._queue) >= self._limit:
@@ -71,9 +72,18 @@ class Subscription:
 
     async def __anext__(self) -> Change | Gap:
         while not self._queue:
+            if self._ended:
+                raise StopAsyncIteration
             self._ready.clear()
             await self._ready.wait()
         return self._queue.popleft()
+
+    def end(self) -> None:
+        """No more changes: the iteration stops once the queued ones are read (a stream
+        whose server is shutting down)."""
+        self.close()
+        self._ended = True
+        self._ready.set()
 
     def close(self) -> None:
         self._feed._subscribers.discard(self)

@@ -35,6 +35,7 @@ quiet = Throttle(log)  # what the boot network can cause at will: a few lines a 
 
 TOKENS = "boots.json"
 ALIVE = (RunState.INIT, RunState.READY)
+FATAL_ON_CONSOLE = {"panic"}  # the console problems after which a node cannot go on
 # The engine's variables, as node fields (the engine concludes values of these itself)
 VARIABLE_FIELDS = {"power": "power", "run": "run_state", "busy": "busy", "image": "image_state"}
 
@@ -469,6 +470,19 @@ class NodeStore:
                   image_digest=None, image_error=None)  # fmt: skip
         self._set_state(node, RunState.UNKNOWN, why)
 
+    def saw_console(self, name: str, kind: str, line: str) -> None:
+        """A dying kernel's words on the node's console (``consoles.PROBLEMS``): quoted by
+        explain; a panic makes a booting or running node lost at once (the engine then
+        recovers it) instead of after missed heartbeats."""
+        node = self.nodes.get(name)
+        if node is None:
+            return
+        said = f"{kind}: {line}"
+        self._set(node, "seen on the console", console_problem=said)
+        self._event(name, "console", f"console: {said}")
+        if kind in FATAL_ON_CONSOLE and node.run_state in (*ALIVE, RunState.BOOTING):
+            self._set_state(node, RunState.LOST, f"kernel {kind} on the console")
+
     # -- nodes that stop reporting -------------------------------------------------------
 
     @property
@@ -493,7 +507,7 @@ class NodeStore:
     def _start_boot(self, node: Node, firmware: str | None) -> Boot:
         node.boot = Boot(started=self.clock(), firmware=firmware)
         node.last_report = None
-        self._set(node, boots=node.boots + 1, busy=Busy.UNKNOWN)
+        self._set(node, boots=node.boots + 1, busy=Busy.UNKNOWN, console_problem=None)
         self._set_state(
             node, RunState.BOOTING, f"boot {node.boots} ({firmware or 'unknown firmware'})"
         )

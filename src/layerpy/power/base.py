@@ -21,6 +21,8 @@ class PowerSpec:
     ``address`` is the BMC's host or IP (ipmi), its base URL ``https://host[:port]``,
     optionally with a system's path, as in ``…/redfish/v1/Systems/1`` (redfish), or the
     VM's QMP unix socket (qemu). The password is already resolved and is never shown.
+    ``console`` is where its serial console is read: "sol" (IPMI Serial-over-LAN through
+    this BMC) or the path of a Unix socket that is the serial line (QEMU's chardev).
     """
 
     driver: str  # "ipmi" | "redfish" | "qemu" | "none"
@@ -29,6 +31,7 @@ class PowerSpec:
     password: str | None = field(default=None, repr=False)
     verify_tls: bool = True
     port: int | None = None
+    console: str | None = None
 
 
 def scrub(text: str, password: str | None) -> str:

@@ -22,6 +22,7 @@ from layerpy.auth import Operator, Scope, Tokens, bearer, socket_peer
 from layerpy.boot import BootPolicy
 from layerpy.catalog import Catalog
 from layerpy.config import ReloadRefused, values
+from layerpy.consoles import Consoles
 from layerpy.logs import Throttle
 from layerpy.model import Busy
 from layerpy.services.http import (
@@ -38,6 +39,7 @@ from layerpy.services.http import (
     share,
 )
 from layerpy.services.listeners import peer_of
+from layerpy.services.live import PUBLIC_PATHS, add_live_routes
 from layerpy.stats import Stats
 from layerpy.text import printable
 
@@ -59,6 +61,7 @@ def build_api(
     power: PowerControl,
     catalog: Catalog,
     tokens: Tokens,
+    consoles: Consoles,
     *,
     log_requests: bool = False,
 ) -> web.Application:
@@ -84,12 +87,16 @@ def build_api(
             web.post("/api/v1/bind", bind_node),
         ]
     )
+    add_live_routes(app, consoles)
     return app
 
 
 @web.middleware
 async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Who is asking (401 if nobody we know), and whether they may (403)."""
+    """Who is asking (401 if nobody we know), and whether they may (403). The dashboard's
+    own files hold no data and are served to anyone who can connect."""
+    if request.method == "GET" and request.path in PUBLIC_PATHS:
+        return await handler(request)
     operator = _operator(request)
     if operator is None:
         raise web.HTTPUnauthorized(
@@ -133,8 +140,11 @@ def audit(request: web.Request, what: str, nodes: str = "") -> None:
 
 
 async def list_nodes(request: web.Request) -> web.Response:
-    nodes = request.app[NODES].nodes.values()
-    return web.json_response([node.as_json() for node in nodes])
+    """Every node; ``X-Layerpy-Seq`` is the last change they include, for a stream to go
+    on from (``Last-Event-ID``) without missing one."""
+    store = request.app[NODES]
+    headers = {"X-Layerpy-Seq": str(store.feed.seq)}
+    return web.json_response([node.as_json() for node in store.nodes.values()], headers=headers)
 
 
 async def show_node(request: web.Request) -> web.Response:

@@ -1,0 +1,268 @@
+"""Every node's serial console, captured all the time into a bounded log on the server.
+
+One task per node with a console reads its link (QEMU's serial socket, or IPMI
+Serial-over-LAN) for as long as the node is in the file, reconnecting with a backoff when
+the link breaks. What it reads goes to the node's log (``consoles/NODE.log`` in the state
+directory, 0600, rotated to ``NODE.log.1`` at ``FILE_LIMIT``: at most twice that per
+node), to the operators attached to it, and past the watch for the lines a dying kernel
+prints (a panic, an oops, a hung task, a lockup): those are observations the node store
+turns into a lost node or a warning, seconds after they happen instead of after missed
+heartbeats.
+
+Console output comes from the node and is hostile like everything on the boot network: it
+is stored as bytes, shown to operators as text (the CLI strips dangerous terminal escapes,
+the dashboard shows text, never HTML), and a problem line is quoted only after
+``printable``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from layerpy.consoles.link import ConsoleError, ConsoleLink, SocketLink
+from layerpy.power.base import PowerSpec
+from layerpy.text import printable
+
+log = logging.getLogger("layerpy.console")
+
+FILE_LIMIT = 1024 * 1024  # bytes of one node's log before it is rotated (one old file kept)
+FLUSH_EVERY = 1.0  # seconds between writes of what was captured (one write per node)
+PENDING_LIMIT = 256 * 1024  # bytes held for the next write; beyond, the oldest are dropped
+LINE_LIMIT = 1024  # bytes of a line looked at for a problem (a longer one is cut)
+VIEWER_QUEUE = 256  # chunks queued for one attached operator before they are let go
+BACKOFF = (1.0, 60.0)  # seconds between attempts to reach a console: first, cap
+SEEN_ON_ATTACH = 4096  # bytes of the log an operator sees when attaching
+
+# What a dying or sick kernel prints. A panic ends the node's life until it is
+# power-cycled: the node store makes it lost at once (its FATAL_ON_CONSOLE). The others are
+# quoted by `explain` and the event stream; the node may still recover, or stop reporting.
+PROBLEMS: list[tuple[re.Pattern[bytes], str]] = [
+    (re.compile(rb"Kernel panic - not syncing"), "panic"),
+    (re.compile(rb"\bOops\b|BUG: unable to handle|general protection fault"), "oops"),
+    (re.compile(rb"INFO: task \S+ blocked for more than \d+ seconds"), "hung_task"),
+    (re.compile(rb"soft lockup - CPU#|hard LOCKUP"), "lockup"),
+]
+
+Opener = Callable[[str, PowerSpec], Awaitable[ConsoleLink]]
+OnProblem = Callable[[str, str, str], None]  # node, kind, line
+
+
+async def open_link(node: str, spec: PowerSpec) -> ConsoleLink:
+    """The link a node's spec names."""
+    assert spec.console is not None
+    if spec.console == "sol":
+        from layerpy.consoles.sol import open_sol  # pyghmi's console, only where used
+
+        return await open_sol(node, spec)
+    return await SocketLink.open(node, spec.console)
+
+
+@dataclass(eq=False)
+class _Console:
+    """One node's capture: its log file, what waits to be written, who is attached."""
+
+    node: str
+    spec: PowerSpec
+    path: Path
+    pending: bytearray = field(default_factory=bytearray)
+    line: bytearray = field(default_factory=bytearray)
+    viewers: set[asyncio.Queue[bytes | None]] = field(default_factory=set)
+    link: ConsoleLink | None = None
+    task: asyncio.Task[None] | None = None
+    state: str = "connecting"  # connecting, connected, or why it is not
+    dropped: int = 0  # bytes lost because the disk was slower than the node
+
+
+class Consoles:
+    """The captures of all nodes: the one writer of ``consoles/``."""
+
+    def __init__(self, directory: Path, on_problem: OnProblem, opener: Opener = open_link) -> None:
+        self.directory = directory
+        self.on_problem = on_problem
+        self.opener = opener
+        self._consoles: dict[str, _Console] = {}
+        self._flusher: asyncio.Task[None] | None = None
+
+    def sync(self, specs: dict[str, PowerSpec]) -> None:
+        """Capture exactly these nodes' consoles (a reload adds, drops and changes some)."""
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for node in list(self._consoles):
+            if node not in specs or specs[node] != self._consoles[node].spec:
+                self._stop(node)
+        for node, spec in specs.items():
+            if node not in self._consoles:
+                console = _Console(node, spec, self.directory / f"{node}.log")
+                console.task = asyncio.create_task(self._capture(console))
+                self._consoles[node] = console
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush_forever())
+
+    def has(self, node: str) -> bool:
+        return node in self._consoles
+
+    def state(self, node: str) -> str | None:
+        console = self._consoles.get(node)
+        return None if console is None else console.state
+
+    def _stop(self, node: str) -> None:
+        console = self._consoles.pop(node)
+        self._flush(console)
+        if console.task is not None:
+            console.task.cancel()
+        for viewer in console.viewers:
+            _offer(viewer, None)
+
+    async def close(self) -> None:
+        tasks = [c.task for c in self._consoles.values() if c.task is not None]
+        for node in list(self._consoles):
+            self._stop(node)
+        if self._flusher is not None:
+            self._flusher.cancel()
+            tasks.append(self._flusher)
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # -- capturing ---------------------------------------------------------------------
+
+    async def _capture(self, console: _Console) -> None:
+        first, cap = BACKOFF
+        delay, said = first, ""
+        while True:
+            try:
+                console.link = await self.opener(console.node, console.spec)
+            except ConsoleError as error:
+                console.state = str(error)
+                if str(error) != said:  # once per reason, not once per attempt
+                    log.warning("%s: console unreachable, trying again: %s", console.node, error)
+                    said = str(error)
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay = min(cap, delay * 2)
+                continue
+            if said:
+                log.info("%s: console reached again", console.node)
+            console.state, said, delay = "connected", "", first
+            try:
+                while data := await console.link.read():
+                    self._heard(console, data)
+            except ConsoleError as error:
+                console.state = str(error)
+            finally:
+                link, console.link = console.link, None
+                await link.close()
+            if console.state == "connected":
+                console.state = "disconnected"
+            self._notice(console, f"console of {console.node} disconnected, reconnecting")
+            await asyncio.sleep(delay)
+
+    def _heard(self, console: _Console, data: bytes) -> None:
+        console.pending += data
+        if len(console.pending) > PENDING_LIMIT:
+            excess = len(console.pending) - PENDING_LIMIT
+            del console.pending[:excess]
+            console.dropped += excess
+        for viewer in list(console.viewers):
+            if not _offer(viewer, data):
+                console.viewers.discard(viewer)  # too slow: let go, it sees the end
+                _offer(viewer, None, force=True)
+        self._look_for_problems(console, data)
+
+    def _look_for_problems(self, console: _Console, data: bytes) -> None:
+        *complete, rest = (bytes(console.line) + data).split(b"\n")
+        console.line = bytearray(rest[-LINE_LIMIT:])
+        for line in complete:
+            for pattern, kind in PROBLEMS:
+                if pattern.search(line[:LINE_LIMIT]):
+                    text = printable(line[:LINE_LIMIT].decode(errors="replace").strip(), 200)
+                    self.on_problem(console.node, kind, text)
+                    break
+
+    def _notice(self, console: _Console, text: str) -> None:
+        for viewer in console.viewers:
+            _offer(viewer, text.encode(), notice=True)
+
+    # -- the log files -------------------------------------------------------------------
+
+    async def _flush_forever(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_EVERY)
+            for console in self._consoles.values():
+                self._flush(console)
+
+    def _flush(self, console: _Console) -> None:
+        if not console.pending:
+            return
+        data, console.pending = bytes(console.pending), bytearray()
+        try:
+            if console.path.exists() and console.path.stat().st_size + len(data) > FILE_LIMIT:
+                console.path.replace(console.path.with_name(console.path.name + ".1"))
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+            fd = os.open(console.path, flags, 0o600)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+        except OSError as error:
+            console.dropped += len(data)
+            log.error("%s: cannot keep its console log %s: %s", console.node, console.path,
+                      error.strerror or error)  # fmt: skip
+
+    def tail(self, node: str, size: int) -> bytes:
+        """The last `size` bytes the node printed (across the rotation)."""
+        console = self._consoles[node]
+        data = bytes(console.pending)
+        for path in (console.path, console.path.with_name(console.path.name + ".1")):
+            if len(data) >= size:
+                break
+            with contextlib.suppress(OSError), open(path, "rb") as old:
+                old.seek(max(0, os.fstat(old.fileno()).st_size - (size - len(data))))
+                data = old.read() + data
+        return data[-size:]
+
+    # -- operators -----------------------------------------------------------------------
+
+    def attach(self, node: str) -> asyncio.Queue[bytes | None]:
+        """A queue of what the node prints from now on (None: the capture ended, or the
+        viewer fell behind); also notices, as ``Notice`` bytes subclasses."""
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue(VIEWER_QUEUE)
+        self._consoles[node].viewers.add(queue)
+        return queue
+
+    def detach(self, node: str, queue: asyncio.Queue[bytes | None]) -> None:
+        console = self._consoles.get(node)
+        if console is not None:
+            console.viewers.discard(queue)
+
+    async def type(self, node: str, data: bytes) -> bool:
+        """Send keystrokes; False when the console is not connected now."""
+        console = self._consoles.get(node)
+        if console is None or console.link is None:
+            return False
+        await console.link.write(data)
+        return True
+
+
+class Notice(bytes):
+    """A line for the operator from the server, not from the node."""
+
+
+def _offer(
+    queue: asyncio.Queue[bytes | None], item: bytes | None, *, notice: bool = False,
+    force: bool = False,
+) -> bool:  # fmt: skip
+    if force:
+        while queue.full():
+            queue.get_nowait()
+    try:
+        queue.put_nowait(Notice(item) if notice and item is not None else item)
+    except asyncio.QueueFull:
+        return False
+    return True

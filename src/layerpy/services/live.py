@@ -1,0 +1,236 @@
+"""What operators watch as it happens: the event stream, nodes' consoles, the dashboard.
+
+Served on the operator listeners only, behind the same authentication as the rest of the
+API (``services.api``), except the dashboard's static files, which hold no data: the page
+asks for a token and sends it with every call it makes.
+
+The stream is the node store's change feed as server-sent events: every observed change,
+every desired one, every action fired and how it ended, every operator call. A client
+that lost its connection resumes with ``Last-Event-ID`` from the feed's bounded history;
+one that reads too slowly gets an ``event: gap`` (re-read the state) instead of holding
+memory. Streams end when the server stops, so a stop never waits for a watcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from importlib import resources
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from layerpy import hostlist
+from layerpy.auth import Operator, Scope
+from layerpy.consoles import Consoles, Notice
+from layerpy.nodes.feed import GAP, Change, Subscription
+from layerpy.services.http import NODES, OPERATOR
+from layerpy.text import printable
+
+log = logging.getLogger("layerpy.api")
+
+KEEPALIVE = 15.0  # seconds between comment lines on an idle stream (proxies close silent ones)
+STREAM_QUEUE = 20_000  # changes queued for one slow stream before it is told of a gap
+TAIL_DEFAULT = 64 * 1024  # bytes of a console log GET .../console answers
+TAIL_LIMIT = 4 * 1024 * 1024
+TYPED_LIMIT = 4096  # bytes of one keystroke message from an operator
+
+CONSOLES: web.AppKey[Consoles] = web.AppKey("consoles", Consoles)
+STREAMS: web.AppKey[set[Subscription]] = web.AppKey("streams", set)
+DASHBOARD_FILES = {  # served as they are; nothing else of the package is
+    "index.html": "text/html",
+    "dashboard.js": "text/javascript",
+    "dashboard.css": "text/css",
+}
+PUBLIC_PATHS = {"/", *(f"/dashboard/{name}" for name in DASHBOARD_FILES)}
+
+
+def add_live_routes(app: web.Application, consoles: Consoles) -> None:
+    app[CONSOLES] = consoles
+    app[STREAMS] = set()
+    app.on_shutdown.append(_end_streams)
+    app.add_routes(
+        [
+            web.get("/api/v1/whoami", whoami),
+            web.get("/api/v1/events/stream", event_stream),
+            web.get("/api/v1/nodes/{name}/console", console_log),
+            web.get("/api/v1/nodes/{name}/console/attach", console_attach),
+            web.get("/", dashboard_file),
+            web.get("/dashboard/{file}", dashboard_file),
+        ]
+    )
+
+
+async def whoami(request: web.Request) -> web.Response:
+    """Who the API takes the caller for, and their scope (the dashboard offers actions
+    only to admins)."""
+    operator: Operator = request[OPERATOR]
+    return web.json_response({"name": operator.name, "scope": str(operator.scope)})
+
+
+# -- the event stream -----------------------------------------------------------------------
+
+
+async def event_stream(request: web.Request) -> web.StreamResponse:
+    """``GET /api/v1/events/stream[?nodes=HOSTLIST]``, resumable with ``Last-Event-ID``."""
+    wanted = _wanted(request)
+    since = _last_event_id(request)
+    subscription = request.app[NODES].feed.subscribe(since, STREAM_QUEUE)
+    request.app[STREAMS].add(subscription)
+    response = web.StreamResponse(headers={
+        "Content-Type": "text/event-stream", "Cache-Control": "no-store",
+        "X-Accel-Buffering": "no",  # a reverse proxy must pass each event on at once
+    })  # fmt: skip
+    try:
+        await response.prepare(request)
+        await response.write(b"retry: 2000\n\n")
+        while True:
+            try:
+                async with asyncio.timeout(KEEPALIVE):
+                    first = await anext(subscription)
+            except TimeoutError:
+                await response.write(b": keepalive\n\n")
+                continue
+            except StopAsyncIteration:
+                break
+            batch = [first, *subscription.pending()]
+            text = "".join(_event(item) for item in batch if _shown(item, wanted))
+            if text:
+                await response.write(text.encode())
+    except (ConnectionError, asyncio.CancelledError):
+        pass  # the watcher went away
+    finally:
+        subscription.close()
+        request.app[STREAMS].discard(subscription)
+    return response
+
+
+def _wanted(request: web.Request) -> set[str] | None:
+    expression = request.query.get("nodes")
+    if not expression:
+        return None
+    try:
+        return set(hostlist.expand(expression))
+    except hostlist.HostlistError as error:
+        raise web.HTTPBadRequest(text=f"nodes: {printable(error)}\n") from None
+
+
+def _last_event_id(request: web.Request) -> int | None:
+    raw = request.headers.get("Last-Event-ID") or request.query.get("since")
+    if raw is None:
+        return None
+    if not raw.isdigit() or len(raw) > 18:
+        raise web.HTTPBadRequest(text="Last-Event-ID must be an event's number\n")
+    return int(raw)
+
+
+def _shown(item: Change | object, wanted: set[str] | None) -> bool:
+    """Whether a stream filtered to `wanted` nodes carries this change: a gap always; an
+    operator's call when it names one of them (as a hostlist)."""
+    if wanted is None or not isinstance(item, Change):
+        return True
+    if item.node in wanted:
+        return True
+    if item.kind == "event" and item.fields.get("event") == "operator" and item.node:
+        with contextlib.suppress(hostlist.HostlistError):
+            return not wanted.isdisjoint(hostlist.expand(item.node))
+    return False
+
+
+def _event(item: Change | object) -> str:
+    if item is GAP or not isinstance(item, Change):
+        return "event: gap\ndata: {}\n\n"
+    data = json.dumps(item.as_json(), separators=(",", ":"), default=str)
+    return f"id: {item.seq}\nevent: {item.kind}\ndata: {data}\n\n"
+
+
+async def _end_streams(app: web.Application) -> None:
+    for subscription in list(app[STREAMS]):
+        subscription.end()
+
+
+# -- consoles -----------------------------------------------------------------------------
+
+
+def _console_of(request: web.Request) -> str:
+    name = request.match_info["name"]
+    if name not in request.app[NODES].nodes:
+        raise web.HTTPNotFound(text=f"no node named {printable(name, 64)}\n")
+    if not request.app[CONSOLES].has(name):
+        raise web.HTTPConflict(
+            text=f'{name} has no console: give its bmc a console ("sol", or the path of '
+            "its serial socket) in the node file\n"
+        )
+    return name
+
+
+async def console_log(request: web.Request) -> web.Response:
+    """``GET /api/v1/nodes/NAME/console?bytes=N``: the tail of what the node printed."""
+    name = _console_of(request)
+    raw = request.query.get("bytes", str(TAIL_DEFAULT))
+    if not raw.isdigit() or not 0 < int(raw) <= TAIL_LIMIT:
+        raise web.HTTPBadRequest(text=f"bytes must be 1 to {TAIL_LIMIT}\n")
+    data = request.app[CONSOLES].tail(name, int(raw))
+    return web.Response(body=data, content_type="text/plain", charset="utf-8")
+
+
+async def console_attach(request: web.Request) -> web.WebSocketResponse:
+    """A WebSocket on a node's console: binary messages are its bytes both ways (an
+    operator with the read scope only watches), text messages are notices."""
+    name = _console_of(request)
+    consoles = request.app[CONSOLES]
+    operator: Operator = request[OPERATOR]
+    socket = web.WebSocketResponse(max_msg_size=TYPED_LIMIT, heartbeat=30.0)
+    await socket.prepare(request)
+    queue = consoles.attach(name)
+    log.info("%s: console attached by %s from %s", name, operator.name, operator.address)
+    await socket.send_bytes(consoles.tail(name, 4096))
+    if consoles.state(name) != "connected":
+        await socket.send_str(f"console of {name}: {consoles.state(name)}")
+    if operator.scope != Scope.ADMIN:
+        await socket.send_str(f"{operator.name} may only read: watching, keystrokes are dropped")
+    sender = asyncio.create_task(_send_console(socket, queue))
+    try:
+        async for message in socket:
+            typed = message.type == WSMsgType.BINARY and operator.scope == Scope.ADMIN
+            if typed and not await consoles.type(name, message.data):
+                await socket.send_str(f"console of {name} is not connected: not sent")
+    finally:
+        sender.cancel()
+        consoles.detach(name, queue)
+        log.info("%s: console detached by %s", name, operator.name)
+    return socket
+
+
+async def _send_console(socket: web.WebSocketResponse, queue: asyncio.Queue[bytes | None]) -> None:
+    with contextlib.suppress(ConnectionError):
+        while (item := await queue.get()) is not None:
+            if isinstance(item, Notice):
+                await socket.send_str(item.decode())
+            else:
+                await socket.send_bytes(item)
+        await socket.close()
+
+
+# -- the dashboard --------------------------------------------------------------------------
+
+
+async def dashboard_file(request: web.Request) -> web.Response:
+    name = request.match_info.get("file", "index.html")
+    if name not in DASHBOARD_FILES:
+        raise web.HTTPNotFound()
+    body = resources.files("layerpy.dashboard").joinpath(name).read_bytes()
+    return web.Response(body=body, content_type=DASHBOARD_FILES[name], headers=_PAGE_HEADERS)
+
+
+# The page runs only its own script and talks only to its own origin: node-supplied text
+# can never become script there, even if some rendering slipped.
+_PAGE_HEADERS: dict[str, Any] = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
+    "frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
