@@ -17,6 +17,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+
 from test_http import TCP_API, Host, api, boot_token, report, serving
 
 pytestmark = pytest.mark.netns

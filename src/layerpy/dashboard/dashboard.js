@@ -208,7 +208,7 @@ function legend() {
 function cssVar(value) {
   return { ready: "good", on: "good", active: "good", busy: "busy", booting: "going",
     pulling: "going", updating: "going", init: "wait", stale: "wait", hang: "wait",
-    lost: "bad", error: "bad", off: "off", none: "off" }[value] || "unknown";
+    lost: "bad", error: "dead", off: "off", none: "off" }[value] || "unknown";
 }
 
 function paintSoon(name) {
@@ -353,6 +353,7 @@ async function refreshPanel() {
     if (name !== state.selected) return;
     showFacts(node);
     showTimeline(node.timeline || {});
+    $("why").textContent = why(explained);
     $("explain").textContent = JSON.stringify(explained, null, 2);
     showEvents();
     const console = await api(`${path}/console?bytes=16384`);
@@ -362,6 +363,27 @@ async function refreshPanel() {
   } catch (error) {
     if (!(error instanceof LoggedOut)) $("explain").textContent = String(error);
   }
+}
+
+function why(explained) {
+  // The engine's answer in a sentence: where the node stands and what comes next.
+  const lines = [];
+  if (explained.console) lines.push(`console: ${explained.console}`);
+  if (explained.gave_up) lines.push(explained.gave_up);
+  if (explained.blocked) lines.push(`blocked: ${explained.blocked}`);
+  const current = explained.current;
+  if (current) {
+    lines.push(`now: ${current.mutation} (${current.status}, ${current.elapsed} s)`);
+  }
+  if (explained.plan && explained.plan.length) lines.push(`next: ${explained.plan.join(" → ")}`);
+  if (explained.retry_in) lines.push(`retrying in ${explained.retry_in} s`);
+  const failed = explained.failures || [];
+  if (failed.length) {
+    const last = failed[failed.length - 1];
+    lines.push(`last failure: ${last.mutation} ${last.reason} (${Math.round(last.ago)} s ago)`);
+  }
+  if (explained.converged) lines.push("converged: as the node file says");
+  return lines.join("\n");
 }
 
 function showFacts(node) {
@@ -437,6 +459,7 @@ async function start() {
     state.admin = who.scope === "admin";
     $("who").textContent = `${who.name} (${who.scope})`;
     const images = await json("/api/v1/images");
+    $("image-choice").hidden = $("image-set").hidden = !images.length;
     $("image-choice").replaceChildren(...images.map((image) => {
       const option = document.createElement("option");
       option.textContent = image.name;
