@@ -40,6 +40,19 @@ MACHINES = {
 BMCS = {"cn001": "10.99.1.11", "cn002": "10.99.1.12", "cn003": "10.99.1.13", "cn004": "10.99.1.14"}
 
 
+def lab_config(run_dir: Path, *, consoles: bool = False, base: Path = LAB_CONFIG) -> Path:
+    """A copy of a lab node file in `run_dir` (its relative paths made absolute), with the
+    VMs' serial consoles captured by the server when `consoles` (QEMU's serial socket of
+    each VM: then nothing else may type into it, as ``Vm.type`` does)."""
+    text = base.read_text().replace('"../minos/', f'"{REPO}/minos/')
+    bmc_password = f'"{REPO}/configs/lab-bmc.pass"'
+    if consoles:
+        bmc_password += f', console = "{Path(run_dir).resolve()}/{{node}}.console"'
+    config = Path(run_dir) / "nodes.toml"
+    config.write_text(text.replace('"lab-bmc.pass"', bmc_password))
+    return config
+
+
 class LabSession:
     """A running lab: namespace, bridge, ``layerpy serve`` and the VMs started so far."""
 
@@ -177,7 +190,8 @@ def main() -> int:
     if args.proxy:
         session = LabSession(args.run_dir, PROXY_CONFIG, start_site_dhcp_for_proxy_lab)
     else:
-        session = LabSession(args.run_dir)
+        args.run_dir.mkdir(parents=True, exist_ok=True)
+        session = LabSession(args.run_dir, lab_config(args.run_dir, consoles=True))
     with session:
         print(f"lab {session.lab.netns}: logs in {session.run_dir}", flush=True)
         session.start(*names)
@@ -189,6 +203,12 @@ def main() -> int:
             return 1
         print(f"all {len(names)} nodes ready after {took:.1f} s", flush=True)
         print_status(session)
+        print(
+            f"a node's console: {LAYERPY} console {names[0]} --server {session.socket}\n"
+            f"the dashboard: ip netns exec {session.lab.netns} chromium --no-sandbox "
+            f"http://127.0.0.1:8081/ (token: {session.run_dir}/state/admin.token)",
+            flush=True,
+        )
         if args.until_ready:
             return 0
         print("the lab keeps running; Ctrl-C ends it and removes everything", flush=True)
