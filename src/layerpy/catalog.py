@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from layerpy.config import Config, ImageConfig
 from layerpy.images import Image, ImageError, ImageStore
 from layerpy.nodes.feed import ChangeFeed
 from layerpy.proto.agent import ImageSpec
+
+if TYPE_CHECKING:
+    from layerpy.stats import Stats
 
 log = logging.getLogger("layerpy.images")
 
@@ -45,9 +49,10 @@ class Entry:
 
 
 class Catalog:
-    def __init__(self, store: ImageStore, feed: ChangeFeed) -> None:
+    def __init__(self, store: ImageStore, feed: ChangeFeed, stats: Stats | None = None) -> None:
         self.store = store
         self.feed = feed
+        self.stats = stats  # hears each pull: its time, outcome and bytes downloaded
         self.entries: dict[str, Entry] = {}
         self._pulls: set[asyncio.Task[None]] = set()
 
@@ -68,9 +73,16 @@ class Catalog:
         entry = self.entries[name]
         source = entry.config.source
         log.info("%s: pulling %s", name, source)
+        started, downloaded = time.perf_counter(), 0
+
+        def progress(done: int, total: int | None) -> None:
+            nonlocal downloaded
+            downloaded = done
+
         try:
-            image = await self.store.pull(name, source)
+            image = await self.store.pull(name, source, progress)
         except Exception as error:  # whatever failed, the image keeps its last good digest
+            self._observe(source.kind, started, False, downloaded)
             if not isinstance(error, ImageError):
                 log.exception("%s: pull failed", name)
                 error = ImageError(f"{name}: pull failed: {type(error).__name__}: {error}")
@@ -78,6 +90,7 @@ class Catalog:
             kept = f"; nodes keep {entry.image.digest[:19]}" if entry.image else ""
             log.error("%s%s", error, kept)
             return
+        self._observe(source.kind, started, True, downloaded)
         if self.entries.get(name) is not entry:
             return  # a reload replaced this entry meanwhile
         changed = entry.image is None or entry.image.digest != image.digest
@@ -86,6 +99,10 @@ class Catalog:
                  image.seconds)  # fmt: skip
         if changed:
             self.feed.publish("", "image", {"image": name, "digest": image.digest})
+
+    def _observe(self, source: str, started: float, ok: bool, downloaded: int) -> None:
+        if self.stats is not None:
+            self.stats.observe("image", source, time.perf_counter() - started, ok, downloaded)
 
     def current(self, name: str) -> Image:
         """The image a node wanting `name` should run; ImageError says why there is none."""

@@ -55,8 +55,11 @@ class Server:
         _private_directory(config.server.state_dir)  # before anything makes it, 0755
         self.stats = Stats()
         self.nodes = NodeStore(config)
-        self.catalog = Catalog(ImageStore(config.server.state_dir / "images"), self.nodes.feed)
+        images = ImageStore(config.server.state_dir / "images")
+        self.catalog = Catalog(images, self.nodes.feed, self.stats)
         self.lifecycle = Lifecycle(self.nodes, self.catalog, config.server.power_poll)
+        self.lifecycle.poller.stats = self.stats
+        self.stats.watch_nodes(self.lifecycle)
         self.policy = BootPolicy(self.nodes)
         self.consoles = Consoles(config.server.state_dir / "consoles", self.nodes.saw_console)
         self._closers: list[object] = []

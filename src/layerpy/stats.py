@@ -1,25 +1,189 @@
-"""Service profiling: per request type, counts and service-time percentiles (over the
-last SAMPLES of each).
+"""Service profiling, and what ``/metrics`` exposes.
 
-Kept tiny and allocation-light because every DHCP packet and HTTP request passes here.
+Per request type (subsystem, kind): counts and service-time percentiles over the last
+SAMPLES of each (``GET /api/v1/stats``), and for Prometheus the same counts with a
+histogram of the service times per subsystem, in buckets that fit it. Every DHCP packet
+and HTTP request passes ``observe``: it only bumps plain numbers, and the Prometheus
+families are built from them at scrape time by a prometheus_client collector on a
+registry of this Stats' own (one per server, never the process-wide one). All of it runs
+on the event loop's thread, so nothing here takes a lock.
+
+Label values come from fixed sets: the callers pass message types, route patterns, driver
+and source kinds, never what a client names; and a subsystem's kinds past MAX_KINDS are
+counted as ``other``, so even a wrong caller cannot grow the series without bound.
 """
 
 from __future__ import annotations
 
+import asyncio
+import math
 import statistics
-from collections import defaultdict, deque
-from collections.abc import Callable
+from bisect import bisect_left
+from collections import Counter, defaultdict, deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
+
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.utils import floatToGoString
+
+from layerpy.model import Busy, ImageState, PowerState, RunState
+
+if TYPE_CHECKING:
+    from layerpy.lifecycle import Lifecycle
 
 SAMPLES = 2048
+MAX_KINDS = 256  # per subsystem; HTTP has about 70 (routes and methods of both apps)
+OTHER = "other"
+SLICE = 2000  # nodes counted for a scrape before the event loop runs others (about 2 ms)
 
 
-@dataclass
+def decades(low: float, high: float) -> tuple[float, ...]:
+    """Histogram bounds 1, 2.5 and 5 times each power of ten, from `low` to `high`."""
+    exponents = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+    bounds = (float(f"{mantissa}e{exponent}") for exponent in exponents
+              for mantissa in ("1", "2.5", "5"))  # fmt: skip
+    return tuple(bound for bound in bounds if low <= bound <= high)
+
+
+class Counted(NamedTuple):
+    """The counter of a subsystem's outcomes (kinds only counted, never timed)."""
+
+    name: str
+    label: str
+    help: str
+    known: tuple[str, ...]  # exported from the start, at zero until they happen
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """How one subsystem's series are named, labelled and bucketed in /metrics: a kind
+    timed by ``observe`` is a request (counted, failures counted, its time in a histogram,
+    its bytes summed); a kind only counted by ``count`` is an outcome (``counted``)."""
+
+    what: str  # for HELP, plural: "DHCP requests"
+    seconds: str  # the histogram
+    buckets: tuple[float, ...]
+    labels: tuple[str, ...] = ()  # what a timed kind is split into (at its last space)
+    requests: str | None = None  # a counter; None: the histogram alone (the loop's lag)
+    failures: str | None = None
+    sized: str | None = None  # a counter of the bytes observed
+    counted: Counted | None = None
+    seconds_help: str = ""  # when "Service time of <what>." is not it
+
+    def label_values(self, kind: str) -> tuple[str, ...]:
+        if len(self.labels) == 2:
+            first, _, second = kind.rpartition(" ")
+            return first, second
+        return (kind,) if self.labels else ()
+
+    def helps(self) -> dict[str, str]:
+        """HELP of each family; a metric's labels are in docs/metrics.md."""
+        what = self.what[0].upper() + self.what[1:]
+        return {
+            "requests": f"{what} handled.",
+            "failures": f"{what} that failed or were refused.",
+            "bytes": f"Payload bytes of {self.what}.",
+            "seconds": self.seconds_help or f"Service time of {self.what}.",
+        }
+
+
+FAMILIES = {
+    "dhcp": Family(
+        "DHCP requests",
+        "layerpy_dhcp_request_duration_seconds",
+        decades(1e-4, 0.1),  # answers take 0.1-5 ms
+        ("type",),
+        "layerpy_dhcp_requests",
+        "layerpy_dhcp_request_failures",
+        counted=Counted(
+            "layerpy_dhcp_outcomes",
+            "outcome",
+            "What became of DHCP datagrams: the answer (offer, ack, nak, silent), or dropped "
+            "as malformed, ignored (no client's request), or a reply the kernel refused.",
+            ("offer", "ack", "nak", "silent", "malformed", "ignored", "dropped"),
+        ),
+    ),
+    "tftp": Family(
+        "TFTP read transfers",
+        "layerpy_tftp_transfer_duration_seconds",
+        decades(0.01, 50),  # iPXE binaries: tens of ms, up to tens of seconds on a slow link
+        requests="layerpy_tftp_transfers",
+        failures="layerpy_tftp_transfer_failures",
+        sized="layerpy_tftp_transfer_bytes",
+        counted=Counted(
+            "layerpy_tftp_rejected",
+            "reason",
+            "TFTP requests denied before any data (no such file, a write, a bad mode), and "
+            "malformed datagrams dropped.",
+            ("denied", "malformed"),
+        ),
+    ),
+    "http": Family(
+        "HTTP requests",
+        "layerpy_http_request_duration_seconds",
+        decades(5e-4, 25),  # scripts and API in ms, kernel, initrd and images in seconds
+        ("method", "route"),
+        "layerpy_http_requests",
+        "layerpy_http_request_failures",
+        counted=Counted(
+            "layerpy_http_rejected",
+            "reason",
+            "HTTP connections refused over the connection limit (refused), and requests "
+            "that could not be parsed (malformed).",
+            ("refused", "malformed"),
+        ),
+    ),
+    "bmc": Family(
+        "BMC power status polls",
+        "layerpy_bmc_poll_duration_seconds",
+        decades(0.01, 100),  # a dead BMC takes 10 s and more to time out
+        ("driver",),
+        "layerpy_bmc_polls",
+        "layerpy_bmc_poll_failures",
+    ),
+    "image": Family(
+        "system image pulls",
+        "layerpy_image_pull_duration_seconds",
+        decades(0.1, 2500),  # a pull and flatten: seconds to tens of minutes
+        ("source",),
+        "layerpy_image_pulls",
+        "layerpy_image_pull_failures",
+        sized="layerpy_image_pull_bytes",
+    ),
+    "loop": Family(
+        "event loop lag",
+        "layerpy_event_loop_lag_seconds",
+        decades(5e-4, 1),
+        seconds_help="How late the event loop ran a timer: every DHCP answer waits as long.",
+    ),
+}
+
+
+@dataclass(slots=True)
 class Series:
+    bounds: tuple[float, ...]  # the family's histogram buckets
     requests: int = 0
     failures: int = 0
-    bytes: int = 0  # payload served, where the subsystem counts it (TFTP)
+    bytes: int = 0  # payload served, where the subsystem counts it (TFTP, image pulls)
+    seconds: float = 0.0  # sum of the times observed
     samples: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLES))
+    buckets: list[int] = field(default_factory=list)  # times per bucket, the last +Inf
+
+    def __post_init__(self) -> None:
+        self.buckets = [0] * (len(self.bounds) + 1)
 
     def summary(self) -> dict[str, float | int]:
         counts = {"requests": self.requests, "failures": self.failures}
@@ -38,26 +202,59 @@ class Series:
 
 
 class Stats:
-    """Counters keyed by (subsystem, kind), e.g. ("dhcp", "discover")."""
+    """Counters keyed by (subsystem, kind), e.g. ("dhcp", "discover"); the subsystem is
+    one of FAMILIES. ``registry`` holds them with the process's own metrics."""
 
     def __init__(self) -> None:
-        self.series: dict[tuple[str, str], Series] = defaultdict(Series)
+        self.series: dict[tuple[str, str], Series] = {}
+        self._kinds: Counter[str] = Counter()  # kinds per subsystem
+        self.registry = CollectorRegistry()
+        self.registry.register(self)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        self.node_states: NodeStates | None = None
+
+    def watch_nodes(self, lifecycle: Lifecycle) -> None:
+        """Count the server's nodes by state at each scrape."""
+        self.node_states = NodeStates(lifecycle)
+        self.registry.register(self.node_states)
+
+    async def exposition(self) -> bytes:
+        """Everything in the registry, in Prometheus text format 0.0.4."""
+        if self.node_states is not None:
+            await self.node_states.refresh()
+        return generate_latest(self.registry)
 
     def observe(
         self, subsystem: str, kind: str, seconds: float, ok: bool = True, size: int = 0
     ) -> None:
-        series = self.series[subsystem, kind]
+        series = self.series.get((subsystem, kind)) or self._new(subsystem, kind)
         series.requests += 1
         series.bytes += size
+        series.seconds += seconds
         series.samples.append(seconds)
+        series.buckets[bisect_left(series.bounds, seconds)] += 1
         if not ok:
             series.failures += 1
 
     def count(self, subsystem: str, kind: str, ok: bool = True) -> None:
-        series = self.series[subsystem, kind]
+        series = self.series.get((subsystem, kind)) or self._new(subsystem, kind)
         series.requests += 1
         if not ok:
             series.failures += 1
+
+    def _new(self, subsystem: str, kind: str) -> Series:
+        family = FAMILIES.get(subsystem)
+        if family is None:
+            raise ValueError(f"no metrics family for subsystem {subsystem!r}")
+        if self._kinds[subsystem] >= MAX_KINDS:
+            kind = OTHER
+            if (subsystem, kind) in self.series:
+                return self.series[subsystem, kind]
+        self._kinds[subsystem] += 1
+        series = self.series[subsystem, kind] = Series(family.buckets)
+        return series
 
     def as_json(self) -> dict[str, dict[str, dict[str, float | int]]]:
         result: dict[str, dict[str, dict[str, float | int]]] = defaultdict(dict)
@@ -65,25 +262,157 @@ class Stats:
             result[subsystem][kind] = series.summary()
         return dict(result)
 
-    def prometheus(self) -> str:
-        """Text exposition format 0.0.4: each metric one group, with its HELP and TYPE."""
-        series = sorted(self.series.items())
-        lines = []
-        for metric, what, value in _METRICS:
-            lines += [f"# HELP {metric} {what}", f"# TYPE {metric} counter"]
-            for (subsystem, kind), one in series:
-                if metric != "layerpy_bytes_total" or one.bytes:
-                    labels = f'subsystem="{_label(subsystem)}",kind="{_label(kind)}"'
-                    lines.append(f"{metric}{{{labels}}} {value(one)}")
-        return "\n".join(lines) + "\n"
+    def collect(self) -> Iterator[Metric]:
+        """The Prometheus families, built from the counts at each scrape."""
+        by_subsystem: dict[str, list[tuple[str, Series]]] = defaultdict(list)
+        for (subsystem, kind), series in sorted(self.series.items()):
+            by_subsystem[subsystem].append((kind, series))
+        for subsystem, family in FAMILIES.items():
+            kinds = by_subsystem.get(subsystem, [])
+            timed = [(k, s) for k, s in kinds if s.samples]
+            yield from _timed(family, timed)
+            if family.counted is not None:
+                spec = family.counted
+                values = dict.fromkeys(spec.known, 0)
+                values.update((kind, s.requests) for kind, s in kinds if not s.samples)
+                counted = CounterMetricFamily(spec.name, spec.help, labels=[spec.label])
+                for kind, value in values.items():
+                    counted.add_metric([kind], value)
+                yield counted
 
 
-_METRICS: list[tuple[str, str, Callable[[Series], int]]] = [
-    ("layerpy_requests_total", "Requests handled, per subsystem and kind.", lambda s: s.requests),
-    ("layerpy_failures_total", "Requests that failed or were refused.", lambda s: s.failures),
-    ("layerpy_bytes_total", "Payload bytes served (TFTP: acknowledged).", lambda s: s.bytes),
-]
+def _timed(family: Family, kinds: list[tuple[str, Series]]) -> Iterator[Metric]:
+    """The request counters and the histogram of one subsystem; kinds that share label
+    values (none but the loop's) are added up."""
+    merged: dict[tuple[str, ...], list[Series]] = defaultdict(list)
+    if not family.labels:
+        merged[()] = []  # one series, there from the start
+    for kind, series in kinds:
+        merged[family.label_values(kind)].append(series)
+    labels, helps = list(family.labels), family.helps()
+    counters = [
+        (name, attribute)
+        for name, attribute in (
+            (family.requests, "requests"),
+            (family.failures, "failures"),
+            (family.sized, "bytes"),
+        )
+        if name is not None
+    ]
+    for name, attribute in counters:
+        counter = CounterMetricFamily(name, helps[attribute], labels=labels)
+        for values, group in merged.items():
+            counter.add_metric(values, sum(getattr(series, attribute) for series in group))
+        yield counter
+    histogram = HistogramMetricFamily(family.seconds, helps["seconds"], labels=labels)
+    for values, group in merged.items():
+        histogram.add_metric(
+            values,
+            _cumulative(family.buckets, [series.buckets for series in group]),
+            sum(series.seconds for series in group),
+        )
+    yield histogram
 
 
-def _label(value: str) -> str:
-    return value.replace("\\", r"\\").replace('"', r"\"").replace("\n", r"\n")
+def _cumulative(bounds: tuple[float, ...], groups: Iterable[list[int]]) -> list[tuple[str, int]]:
+    totals = [0] * (len(bounds) + 1)
+    for group in groups:
+        for index, count in enumerate(group):
+            totals[index] += count
+    running, buckets = 0, []
+    for bound, count in zip((*map(floatToGoString, bounds), "+Inf"), totals, strict=True):
+        running += count
+        buckets.append((bound, running))
+    return buckets
+
+
+class NodeStates:
+    """Nodes by state, counted from the node store at each scrape (nothing kept twice):
+    per state variable the observed values as the engine plans from them, and how many
+    differ from the desired one; beside them the engine's own counts. Label sets are the
+    fixed enums, every value exported (zeros too, so a series does not come and go)."""
+
+    VARIABLES = (
+        ("power", PowerState, "observed power (from BMC polls; hang: on but not booting)"),
+        ("run", RunState, "run state (from the boot services and agent reports)"),
+        ("busy", Busy, "busy state (from agent reports)"),
+        ("image", ImageState, "system image state (stale: active, not the wanted digest)"),
+    )
+    DESIRED = ("power", "run", "image")  # busy is never desired
+
+    def __init__(self, lifecycle: Lifecycle) -> None:
+        self.lifecycle = lifecycle
+        self.observed, self.unsettled, self.nodes = self._tally()
+
+    def _tally(self) -> tuple[dict[str, dict[str, int]], dict[str, int], int]:
+        observed = {variable: dict.fromkeys(values, 0) for variable, values, _ in self.VARIABLES}
+        return observed, dict.fromkeys(self.DESIRED, 0), 0
+
+    async def refresh(self) -> None:
+        """Count the nodes again, SLICE at a time: 100 000 take 0.09 s, and held at once
+        that would delay every DHCP answer as long."""
+        lifecycle = self.lifecycle
+        observed, unsettled, counted = self._tally()
+        names = list(lifecycle.store.nodes)
+        for start in range(0, len(names), SLICE):
+            nodes = lifecycle.store.nodes  # a reload may have replaced it meanwhile
+            for name in names[start : start + SLICE]:
+                node = nodes.get(name)
+                if node is None:
+                    continue
+                counted += 1
+                dsc = lifecycle._dsc(node)  # what the engine plans from
+                for variable, value in dsc.items():
+                    observed[variable][value] += 1
+                for variable, wanted in lifecycle.desired_of(name).items():
+                    if wanted is not None and dsc[variable] != wanted:
+                        unsettled[variable] += 1
+            await asyncio.sleep(0)
+        self.observed, self.unsettled, self.nodes = observed, unsettled, counted
+
+    def collect(self) -> Iterator[Metric]:
+        """The last count, and what is counted as it changes (engine, machines, images)."""
+        lifecycle = self.lifecycle
+        observed, unsettled, nodes = self.observed, self.unsettled, self.nodes
+        yield GaugeMetricFamily("layerpy_nodes", "Nodes in the node file.", nodes)
+        for variable, _, what in self.VARIABLES:
+            gauge = GaugeMetricFamily(f"layerpy_nodes_{variable}", f"Nodes by {what}.",
+                                      labels=["state"])  # fmt: skip
+            for state, count in observed[variable].items():
+                gauge.add_metric([state], count)
+            yield gauge
+        gauge = GaugeMetricFamily(
+            "layerpy_nodes_unsettled",
+            "Nodes whose observed state differs from the desired one, per state variable.",
+            labels=["variable"],
+        )
+        for variable, count in unsettled.items():
+            gauge.add_metric([variable], count)
+        yield gauge
+        engine = lifecycle.engine.stats()
+        for key, what in (
+            ("converged", "Nodes whose observed state is the desired one."),
+            ("blocked", "Nodes with no path from their observed state to the desired one."),
+            ("gave_up", "Nodes the engine gave up on after repeated failures."),
+        ):
+            yield GaugeMetricFamily(f"layerpy_nodes_{key}", what, engine[key])
+        yield GaugeMetricFamily(
+            "layerpy_engine_mutations_in_flight", "Mutations fired and not yet ended.",
+            engine["in_flight"],
+        )  # fmt: skip
+        yield GaugeMetricFamily("layerpy_engine_actions_running", "Actions running now.",
+                                engine["actions"])  # fmt: skip
+        yield CounterMetricFamily(
+            "layerpy_engine_mutation_failures", "Mutations that failed or timed out.",
+            engine["failures"],
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "layerpy_unknown_machines", "Machines booting that no node claims (discovery).",
+            len(lifecycle.store.unknown.machines),
+        )  # fmt: skip
+        images = GaugeMetricFamily("layerpy_images", "Images of the node file, by pull state.",
+                                   labels=["state"])  # fmt: skip
+        states = Counter(entry.state for entry in lifecycle.catalog.entries.values())
+        for state in ("pulling", "ready", "error"):
+            images.add_metric([state], states[state])
+        yield images

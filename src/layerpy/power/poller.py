@@ -21,8 +21,12 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from layerpy.power.base import MAX_SESSIONS, PowerDriver, PowerError
+
+if TYPE_CHECKING:
+    from layerpy.stats import Stats
 
 log = logging.getLogger("layerpy.power")
 
@@ -70,6 +74,7 @@ class Poller:
         self._next_look = 0.0  # when _follow next compares the mapping's names with ours
         self._tasks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
+        self.stats: Stats | None = None  # hears each poll's time and outcome (the server's)
 
     def failures(self, name: str) -> int:
         """Polls failed in a row (0 once one succeeds)."""
@@ -160,6 +165,7 @@ class Poller:
 
     async def _poll(self, name: str, bmc: _Bmc, driver: PowerDriver, started: float) -> None:
         state = error = None
+        begun = time.perf_counter()
         try:
             async with asyncio.timeout(self.timeout):
                 state = await driver.status()
@@ -169,6 +175,9 @@ class Poller:
             error = str(failure)
         except Exception as failure:  # any driver failure is this node's error, not ours
             error = f"{name}: power status: {type(failure).__name__}: {failure}"
+        if self.stats is not None:
+            self.stats.observe("bmc", driver_kind(driver), time.perf_counter() - begun,
+                               ok=error is None)  # fmt: skip
         now = time.monotonic()
         bmc.polling = False
         if self._bmcs.get(name) is not bmc:
@@ -190,3 +199,9 @@ class Poller:
             self.report(name, state, error)
         except Exception:
             log.exception("%s: reporting a power poll failed", name)
+
+
+def driver_kind(driver: PowerDriver) -> str:
+    """The metrics label of a driver (ipmi, redfish, qemu, none): from its class, never
+    from its node or address."""
+    return type(driver).__name__.removesuffix("Driver").lower()

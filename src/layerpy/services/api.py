@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from layerpy import hostlist
 from layerpy.auth import Operator, Scope, Tokens, bearer, socket_peer
@@ -188,7 +189,9 @@ async def list_images(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(text=request.app[STATS].prometheus(), content_type="text/plain")
+    """Prometheus text format 0.0.4 (docs/metrics.md lists the metrics)."""
+    body = await request.app[STATS].exposition()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 # -- changing -------------------------------------------------------------------------------

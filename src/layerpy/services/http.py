@@ -63,6 +63,7 @@ POWER: web.AppKey[PowerControl] = web.AppKey("power")
 CATALOG: web.AppKey[Catalog] = web.AppKey("catalog", Catalog)
 OPERATOR = "operator"  # request key: the authenticated operator (operator listeners only)
 IMAGE_FILES = ("rootfs.tar", "rootfs.squashfs", "config.json")
+METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
 
 
 def share(
@@ -112,8 +113,11 @@ def build_app(
 async def profile(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Service time per route, and per-request debug lines when asked for."""
     started = time.perf_counter()
-    route = request.match_info.route.resource
-    kind = route.canonical if route is not None else "unmatched"
+    route = request.match_info.route
+    if route.resource is not None:
+        kind = f"{route.method} {route.resource.canonical}"
+    else:  # no route (404, 405): the method is the client's word, from a fixed set
+        kind = f"{request.method if request.method in METHODS else 'other'} unmatched"
     status = 500
     try:
         response = await handler(request)
@@ -124,7 +128,7 @@ async def profile(request: web.Request, handler: Handler) -> web.StreamResponse:
         raise
     finally:
         elapsed = time.perf_counter() - started
-        request.app[STATS].observe("http", f"{request.method} {kind}", elapsed, ok=status < 400)
+        request.app[STATS].observe("http", kind, elapsed, ok=status < 400)
         if request.app[LOG_REQUESTS]:
             log.debug(
                 "%s %s %s -> %d in %.1f ms",
