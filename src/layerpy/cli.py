@@ -9,6 +9,7 @@ import functools
 import json
 import logging
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -707,6 +708,7 @@ EVENTS_STREAM = "/api/v1/events/stream"
 COALESCE = 0.3  # status --watch re-reads the nodes at most this often, however many events
 POLL = 2.0  # and this often when the event stream cannot be had
 RETRY_LONGEST = 10.0  # watch --retry waits at most this long between attempts
+LOG_LINES = 200  # console --log prints this many last lines unless told
 PROBLEMS_SHOWN = 5
 # the aspects of a node status --watch groups by: (name, how to read it, the usual order)
 ASPECTS: tuple[tuple[str, Callable[[dict[str, Any]], object], tuple[str, ...]], ...] = (
@@ -945,15 +947,17 @@ def unknown(api: Client, output: str) -> None:
 @click.argument("node")
 @click.option("--log", "show_log", is_flag=True, help="Print the captured log and exit.")
 @click.option(
-    "--lines", type=click.IntRange(min=1), default=200, show_default=True,
-    help="With --log: this many last lines.",
+    "--lines", type=click.IntRange(min=1),
+    help=f"With --log: this many last lines (default {LOG_LINES}).",
 )  # fmt: skip
 @click.option(
     "--bytes", "size", type=click.IntRange(min=1),
     help="With --log: the last this many bytes instead (the server keeps at least 64 KiB).",
 )  # fmt: skip
 @operator_api
-def console_command(api: Client, node: str, show_log: bool, lines: int, size: int | None) -> None:
+def console_command(
+    api: Client, node: str, show_log: bool, lines: int | None, size: int | None
+) -> None:
     """Attach to NODE's serial console (Ctrl-] then . detaches), or print its log (--log).
     What the node prints reaches the terminal without the escape sequences that could
     retitle it, write the clipboard or type into it; colours and cursor moves stay."""
@@ -961,10 +965,14 @@ def console_command(api: Client, node: str, show_log: bool, lines: int, size: in
 
     base = f"/api/v1/nodes/{quote(node, safe='')}/console"
     if show_log:
+        if lines and size:
+            _fail("give --lines or --bytes, not both")
         log = api.fetch(base + (f"?bytes={size}" if size else ""))
-        sys.stdout.buffer.write(harmless(log if size else last_lines(log, lines)))
+        sys.stdout.buffer.write(harmless(log if size else last_lines(log, lines or LOG_LINES)))
         sys.stdout.flush()
         return
+    if lines or size:
+        _fail("--lines and --bytes go with --log (attached, the server sends the last 4 KiB)")
     try:
         ended = asyncio.run(_attach(api, node, base + "/attach"))
     except ClientError as error:
@@ -973,6 +981,8 @@ def console_command(api: Client, node: str, show_log: bool, lines: int, size: in
         raise
     except KeyboardInterrupt:  # stdin is no terminal (else Ctrl-C went to the node)
         ended = None
+    except asyncio.CancelledError:  # SIGTERM or SIGHUP, the terminal restored
+        ended = "stopped by a signal"
     if ended is not None:
         _fail(ended, 1)
 
@@ -987,6 +997,9 @@ async def _attach(api: Client, node: str, path: str) -> str | None:
     """One console session; None when the operator detached, else why it ended."""
     from layerpy.terminal import DETACH_HINT, Session, raw_mode
 
+    task, loop = asyncio.current_task(), asyncio.get_running_loop()
+    for stop in (signal.SIGTERM, signal.SIGHUP):  # end through the finally that restores
+        loop.add_signal_handler(stop, task.cancel)
     async with api.websocket(path) as socket:
         session = Session(socket, sys.stdin.fileno(), sys.stdout.buffer)
         click.echo(f"[attached to {printable(node)} console; {DETACH_HINT} to detach]", err=True)

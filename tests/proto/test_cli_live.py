@@ -375,6 +375,14 @@ def test_console_attached_on_a_terminal(console_host: tuple[Host, SerialLine]) -
         term.read_until(b"[detached from cn001]")
         assert b"evil title" not in term.seen and b"\x1b]" not in term.seen
         assert termios.tcgetattr(term.slave) == term.settings  # the terminal as it was
+    with terminal(host, "console", "cn001") as term:
+        term.read_until(b"to detach]")
+        wait_for(lambda: termios.tcgetattr(term.slave) != term.settings, 10, "raw mode")
+        term.process.send_signal(signal.SIGTERM)
+        assert term.process.wait(10) == 1
+        term.read_until(b"stopped by a signal")
+        assert termios.tcgetattr(term.slave) == term.settings  # restored on a kill too
+    assert "go with --log" in cli(host, "console", "cn001", "--lines", "5", check=False).stderr
 
 
 def test_status_watch_on_a_terminal_is_a_live_view(host: Host) -> None:
