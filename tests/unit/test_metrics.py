@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import re
 import time
 from pathlib import Path
 
@@ -303,3 +305,41 @@ async def until(condition, timeout: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "waited too long"
         await asyncio.sleep(0.005)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_docs_list_every_metric_and_the_dashboard_uses_no_other(make_config) -> None:
+    async def exposed() -> dict[str, str]:
+        store = NodeStore(make_config())
+        catalog = Catalog(ImageStore(store.config.server.state_dir / "images"), store.feed)
+        stats = Stats()
+        stats.watch_nodes(Lifecycle(store, catalog, poll_interval=3600))
+        text = (await stats.exposition()).decode()
+        return {
+            family.name + ("_total" if family.type == "counter" else ""): family.type
+            for family in text_string_to_metric_families(text)
+        }
+
+    metrics = asyncio.run(exposed())
+    assert len(metrics) > 40
+    documented = set(
+        re.findall(r"`((?:layerpy|process|python)_\w+)`", (ROOT / "docs/metrics.md").read_text())
+    )
+    assert set(metrics) <= documented, set(metrics) - documented
+    assert documented <= set(metrics), documented - set(metrics)  # nothing stale
+
+    dashboard = json.loads((ROOT / "docs/grafana-dashboard.json").read_text())
+    panels = dashboard["panels"]
+    assert len({panel["id"] for panel in panels}) == len(panels)
+    exprs = [target["expr"] for panel in panels for target in panel.get("targets", [])]
+    histograms = {name for name, kind in metrics.items() if kind == "histogram"}
+    known = set(metrics) | {
+        f"{name}{end}" for name in histograms for end in ("_bucket", "_sum", "_count")
+    }
+    used = {
+        name for expr in exprs for name in re.findall(r"\b(?:layerpy|process|python)_\w+", expr)
+    }
+    assert used <= known, used - known
+    assert {"layerpy_dhcp_requests_total", "layerpy_nodes_power"} <= used
