@@ -5,8 +5,9 @@ SAMPLES of each (``GET /api/v1/stats``), and for Prometheus the same counts with
 histogram of the service times per subsystem, in buckets that fit it. Every DHCP packet
 and HTTP request passes ``observe``: it only bumps plain numbers, and the Prometheus
 families are built from them at scrape time by a prometheus_client collector on a
-registry of this Stats' own (one per server, never the process-wide one). All of it runs
-on the event loop's thread, so nothing here takes a lock.
+registry of this Stats' own (one per server, never the process-wide one), beside the
+node counts by state (NodeStates) and the process's metrics. All of it runs on the event
+loop's thread, so nothing here takes a lock. docs/metrics.md lists every metric.
 
 Label values come from fixed sets: the callers pass message types, route patterns, driver
 and source kinds, never what a client names; and a subsystem's kinds past MAX_KINDS are
@@ -84,6 +85,7 @@ class Family:
     seconds_help: str = ""  # when "Service time of <what>." is not it
 
     def label_values(self, kind: str) -> tuple[str, ...]:
+        """The labels of a kind: `GET /boot/{name}.ipxe` is method and route."""
         if len(self.labels) == 2:
             first, _, second = kind.rpartition(" ")
             return first, second
