@@ -150,7 +150,8 @@ def test_bad_reports_are_refused_and_counted(host: Host) -> None:
     assert code == 400 and "report.mac is not a MAC address" in body["error"]
     stats = json.loads(api(host, "/api/v1/stats")[1])["http"]
     assert stats["POST /api/v1/agent/report"]["failures"] == 4
-    assert "layerpy_failures_total" in api(host, "/metrics")[1]
+    failures = 'layerpy_http_request_failures_total{method="POST",route="/api/v1/agent/report"} 4.0'
+    assert failures in api(host, "/metrics")[1].splitlines()
     nodes = json.loads(api(host, "/api/v1/nodes")[1])
     assert [n["run_state"] for n in nodes] == ["booting", "unknown"]
 
@@ -207,14 +208,13 @@ def test_tftp_counts_reach_the_metrics(host: Host) -> None:
     junk += "for b in (b'', b'\\x00\\x04\\x00\\x01'): s.sendto(b, ('10.66.0.1', 69))"
     host.ns.run(sys.executable, "-c", junk)
     expected = {
-        'layerpy_requests_total{subsystem="tftp",kind="read"} 1',
-        'layerpy_failures_total{subsystem="tftp",kind="read"} 0',
-        'layerpy_bytes_total{subsystem="tftp",kind="read"} 3000',
-        'layerpy_requests_total{subsystem="tftp",kind="denied"} 1',
-        'layerpy_failures_total{subsystem="tftp",kind="denied"} 1',
+        "layerpy_tftp_transfers_total 1.0",
+        "layerpy_tftp_transfer_failures_total 0.0",
+        "layerpy_tftp_transfer_bytes_total 3000.0",
+        'layerpy_tftp_rejected_total{reason="denied"} 1.0',
         # the two junk datagrams, and the ACK tftp-hpa sends after an error (to port 69)
-        'layerpy_requests_total{subsystem="tftp",kind="malformed"} 3',
-        "# TYPE layerpy_bytes_total counter",
+        'layerpy_tftp_rejected_total{reason="malformed"} 3.0',
+        "# TYPE layerpy_tftp_transfer_bytes_total counter",
     }
     deadline = time.monotonic() + 10
     while not expected <= set(metrics := api(host, "/metrics")[1].splitlines()):
