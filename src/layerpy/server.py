@@ -57,8 +57,7 @@ class Server:
         self.nodes = NodeStore(config)
         images = ImageStore(config.server.state_dir / "images")
         self.catalog = Catalog(images, self.nodes.feed, self.stats)
-        self.lifecycle = Lifecycle(self.nodes, self.catalog, config.server.power_poll)
-        self.lifecycle.poller.stats = self.stats
+        self.lifecycle = Lifecycle(self.nodes, self.catalog, config.server.power_poll, self.stats)
         self.stats.watch_nodes(self.lifecycle)
         self.policy = BootPolicy(self.nodes)
         self.consoles = Consoles(config.server.state_dir / "consoles", self.nodes.saw_console)

@@ -363,7 +363,7 @@ class NodeStates:
                 if node is None:
                     continue
                 counted += 1
-                dsc = lifecycle._dsc(node)  # what the engine plans from
+                dsc = lifecycle.dsc(node)  # what the engine plans from
                 for variable, value in dsc.items():
                     observed[variable][value] += 1
                 for variable, wanted in lifecycle.desired_of(name).items():

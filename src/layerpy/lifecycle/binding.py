@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from layerpy.catalog import Catalog
 from layerpy.config import Config
@@ -25,6 +25,9 @@ from layerpy.power import PowerDriver, PowerError, close_all, make_driver
 from layerpy.power.poller import Poller
 from layerpy.proto.agent import FilesSpec, ImageSpec
 
+if TYPE_CHECKING:
+    from layerpy.stats import Stats
+
 log = logging.getLogger("layerpy.power")
 images_log = logging.getLogger("layerpy.images")
 files_log = Throttle(logging.getLogger("layerpy.files"))  # may fail at every report
@@ -35,7 +38,9 @@ CLOSE_TIMEOUT = 3.0  # seconds for all power drivers to log out at shutdown
 
 
 class Lifecycle:
-    def __init__(self, store: NodeStore, catalog: Catalog, poll_interval: float) -> None:
+    def __init__(
+        self, store: NodeStore, catalog: Catalog, poll_interval: float, stats: Stats | None = None
+    ) -> None:
         self.store = store
         self.catalog = catalog
         self.overrides: dict[str, dict[str, str]] = {}
@@ -50,7 +55,7 @@ class Lifecycle:
             raise ValueError(f"the lifecycle table names unknown actions: {sorted(missing)}")
         self.engine = Engine(Graph(VARIABLES, table), self.act, on_write=store.conclude,
                              on_action=self._published)  # fmt: skip
-        self.poller = Poller(self.drivers, self._polled, poll_interval)
+        self.poller = Poller(self.drivers, self._polled, poll_interval, stats=stats)
         self.changes = store.feed.subscribe()  # before anything can change
         for node in store.nodes.values():
             self._add(node)
@@ -64,9 +69,9 @@ class Lifecycle:
     def _add(self, node: Node) -> None:
         if node.config.bmc is not None:  # else not under layerpy's power control
             self.drivers[node.name] = make_driver(node.name, node.config.bmc)
-        self.engine.add_node(node.name, desired(node.config), self._dsc(node))
+        self.engine.add_node(node.name, desired(node.config), self.dsc(node))
 
-    def _dsc(self, node: Node) -> dict[str, str]:
+    def dsc(self, node: Node) -> dict[str, str]:
         return {"power": node.power, "run": node.run_state, "busy": node.busy,
                 "image": self._image_state(node)}  # fmt: skip
 
@@ -79,7 +84,7 @@ class Lifecycle:
     def _observe(self, name: str) -> None:
         node = self.store.nodes.get(name)
         if node is not None and self.engine.has(name):
-            self.engine.observe(name, **self._dsc(node))
+            self.engine.observe(name, **self.dsc(node))
 
     # -- continuous work ---------------------------------------------------------------
 
@@ -236,7 +241,7 @@ class Lifecycle:
             path = f"blocked: {blocked}"
         return {
             "name": name,
-            "dsc": self._dsc(node),
+            "dsc": self.dsc(node),
             "cfg": {k: v for k, v in self.desired_of(name).items() if v is not None},
             "path": path,
         }

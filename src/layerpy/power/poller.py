@@ -59,6 +59,7 @@ class Poller:
         backoff: tuple[float, float] = BACKOFF,
         limit: int = POLL_SLOTS,
         timeout: float = POLL_TIMEOUT,
+        stats: Stats | None = None,
     ) -> None:
         if interval <= 0 or limit < 1:
             raise ValueError("the poll interval must be > 0 and the limit >= 1")
@@ -74,7 +75,7 @@ class Poller:
         self._next_look = 0.0  # when _follow next compares the mapping's names with ours
         self._tasks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
-        self.stats: Stats | None = None  # hears each poll's time and outcome (the server's)
+        self.stats = stats  # hears each poll's time and outcome (the server's)
 
     def failures(self, name: str) -> int:
         """Polls failed in a row (0 once one succeeds)."""
