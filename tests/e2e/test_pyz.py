@@ -76,6 +76,12 @@ def test_the_pyz_alone_boots_a_node_to_ready(tmp_path, pyz) -> None:
             booted = time.monotonic()
             wait_for(lambda: run_state(api) == "ready", 300, "cn001 ready", server, log)
             timings["vm_to_ready_s"] = round(time.monotonic() - booted, 1)
+            socket = ["curl", "-sf", "--unix-socket", str(tree / "var/lib/layerpy/api.sock")]
+            page = subprocess.run([*socket, "http://layerpy/"], capture_output=True, text=True)
+            assert "<title>layerpy</title>" in page.stdout  # the dashboard's files are in it
+            shown = subprocess.run([*socket, "http://layerpy/metrics"], capture_output=True,
+                                   text=True).stdout  # fmt: skip
+            assert 'layerpy_nodes_run{state="ready"} 1.0' in shown.splitlines()  # and prometheus
         finally:
             if server.poll() is None:
                 os.killpg(server.pid, signal.SIGTERM)

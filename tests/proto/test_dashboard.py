@@ -102,3 +102,38 @@ def test_a_reader_sees_no_actions_and_a_bad_token_is_asked_again(
     browser.wait("document.getElementById('panel-name').textContent === 'cn002'", 30, "a panel")
     assert browser.js("document.getElementById('actions').hidden") is True
     assert browser.js("document.getElementById('who').textContent") == "token viewer (read)"
+
+
+def test_nodes_are_grouped_by_the_switch_port_they_were_seen_at(
+    make_config, tmp_path: Path
+) -> None:
+    located = {
+        "location": 'location = "sw1:swp[1-2]"\n',
+        "switch": '\n[switches.sw1]\nchassis_id = "02:00:00:00:0a:01"\n',
+    }
+    config = make_config(server="10.66.0.1", interface="d0", **located)
+    with serving(config, tmp_path) as host:
+        opened = Browser(host.ns.name, tmp_path / "profile", tmp_path / "chromium.log")
+        try:
+            log_in(opened, (tmp_path / "state" / "admin.token").read_text().strip())
+            opened.wait("document.querySelectorAll('#grid .node').length === 2", 60, "cells")
+            token = boot_token(host, "cn001", "10.66.0.11")
+            lldp = {"chassis_id": "02:00:00:00:0a:01", "port_id": "swp1"}
+            assert report(host, token=token, lldp=lldp)[0] == 200
+            opened.js("document.getElementById('group-by').value = 'switch';"
+                      "document.getElementById('group-by').dispatchEvent(new Event('change'));"
+                      "true")  # fmt: skip
+            sections = (
+                "[...document.querySelectorAll('#grid section')].map((s) => "
+                "s.querySelector('h2').firstChild.textContent + ': ' + "
+                "[...s.querySelectorAll('.node')].map((c) => c.title).join(','))"
+            )
+            opened.wait(f"{sections}.includes('switch sw1: cn001 (port swp1)')", 30,
+                        "cn001 under its switch")  # fmt: skip
+            assert opened.js(sections) == [
+                "(no location seen): cn002",
+                "switch sw1: cn001 (port swp1)",
+            ]
+            opened.screenshot(ARTIFACTS / "4-by-switch.png")
+        finally:
+            opened.close()
