@@ -355,6 +355,25 @@ async def test_busy_excludes_power_off_until_free(caplog):
 
 
 @scenario
+async def test_paced_actions_start_in_turn_without_their_deadlines_running():
+    world = World(paces={"power_on": 0.5})  # two power-ons a second
+    world.effects["power_on"] = {"power": "on"}
+    for i in range(5):
+        world.engine.add_node(f"cn{i}", WANT_UP, OFF)
+    due = world.engine.step()
+    await world.settle()
+    assert [node for node, action in world.calls] == ["cn0"]
+    assert due == 0.5  # when the next one may start: the run loop wakes then
+    assert world.explain("cn4")["current"]["status"] == "queued"
+    world.engine.remove_node("cn1")  # one waiting its turn leaves: the next takes the turn
+    for second in (0.5, 1.0, 1.5):
+        world.clock.now = second
+        await world.settle()
+    assert [node for node, _ in world.calls] == ["cn0", "cn2", "cn3", "cn4"]
+    assert not any(world.explain(f"cn{i}")["failures"] for i in (0, 2, 3, 4))
+
+
+@scenario
 async def test_actions_are_bounded_and_a_slow_node_holds_up_no_other():
     world = World(max_actions=2)
     world.hung.add("power_on")

@@ -67,6 +67,7 @@ class ServerConfig:
     heartbeat: float = HEARTBEAT
     lost_after: int = 3
     power_poll: float = 10.0
+    power_on_rate: float = 0.0  # nodes powered on (or cycled) per second; 0: as fast as able
     log_requests: bool = False
     identity: str = "location"
     other_dhcp: str = "refuse"

@@ -65,14 +65,21 @@ class Engine:
         backoff: tuple[float, float] = (1.0, 60.0),
         on_write: Callable[[str, dict[str, str]], None] | None = None,
         on_action: Callable[[str, dict[str, str]], None] | None = None,
+        paces: Mapping[str, float] | None = None,
     ) -> None:
         """``on_write(node, values)`` hears the dsc values the engine concludes itself
         (forgotten on firing, fallen to on failure), so observers can mirror them.
         ``on_action(node, fields)`` hears each mutation fired and how it ended (``result``:
-        fired, done, interrupted, cancelled, failed, gave_up), for the event stream."""
+        fired, done, interrupted, cancelled, failed, gave_up), for the event stream.
+        ``paces`` maps an action to the fewest seconds between two of its starts (a cold
+        start powers nodes on at a rate PDUs and the boot network can take); the others
+        wait their turn in order, their deadlines not yet running."""
         self.graph, self.act, self.clock = graph, act, clock
         self.on_write = on_write
         self.on_action = on_action
+        self.paces = dict(paces or {})
+        self._held: dict[str, deque[tuple[_Node, int]]] = {a: deque() for a in self.paces}
+        self._next_start = dict.fromkeys(self.paces, 0.0)
         self.max_actions, self.max_failures, self.backoff = max_actions, max_failures, backoff
         self._nodes: dict[str, _Node] = {}
         # to plan, oldest first (popped from the front in O(1): a dict would rescan the
@@ -244,8 +251,9 @@ class Engine:
         while dirty and time.perf_counter() < until:
             rec, _ = dirty.popitem(last=False)
             self._advance(rec, now)
-        self._pump()
-        return timers[0][0] if timers else None
+        paced = self._pump()
+        due = [t for t in (timers[0][0] if timers else None, paced) if t is not None]
+        return min(due) if due else None
 
     def pending(self) -> bool:
         """Work the last pass left for the next: nodes to plan, timers already due."""
@@ -307,16 +315,34 @@ class Engine:
             rec.deadline = now + rec.current.timeout
             self._push(rec.deadline, rec)
 
-    def _pump(self) -> None:
+    def _pump(self) -> float | None:
+        """Start queued actions while there are free slots, paced ones only in their turn;
+        returns when the next paced one is due (None: none is waiting)."""
+        now = self.clock()
+        for action, held in self._held.items():
+            while held and now >= self._next_start[action] and len(self._tasks) < self.max_actions:
+                if self._start(*held.popleft(), now):
+                    self._next_start[action] = now + self.paces[action]
         while self._queue and len(self._tasks) < self.max_actions:
             rec, epoch = self._queue.popleft()
-            if rec.epoch != epoch:
-                continue  # ended while queued
-            assert rec.current is not None
-            rec.task = asyncio.create_task(self._perform(rec, rec.current, epoch))
-            self._tasks.add(rec.task)
-            rec.task.add_done_callback(self._finished)
-            self._arm(rec, self.clock())
+            action = rec.current.action if rec.current is not None else None
+            if action in self._held and (self._held[action] or now < self._next_start[action]):
+                self._held[action].append((rec, epoch))  # its turn comes (FIFO)
+            elif self._start(rec, epoch, now) and action in self.paces:
+                self._next_start[action] = now + self.paces[action]
+        waiting = [self._next_start[a] for a, held in self._held.items() if held]
+        return min(waiting) if waiting else None
+
+    def _start(self, rec: _Node, epoch: int, now: float) -> bool:
+        """Start a queued action unless it ended while it waited."""
+        if rec.epoch != epoch:
+            return False
+        assert rec.current is not None
+        rec.task = asyncio.create_task(self._perform(rec, rec.current, epoch))
+        self._tasks.add(rec.task)
+        rec.task.add_done_callback(self._finished)
+        self._arm(rec, now)
+        return True
 
     async def _perform(self, rec: _Node, mutation: Mutation, epoch: int) -> None:
         assert mutation.action is not None

@@ -70,12 +70,13 @@ async def image_assign(ctx: Context, name: str) -> None:
 class Action(NamedTuple):
     does: str  # for people: docs/lifecycle.md and explain
     run: Callable[[Context, str], Awaitable[None]]
+    boots: bool = False  # starts a machine: paced by [server] power_on_rate
 
 
 ACTIONS: dict[str, Action] = {
-    "power_on": Action("network boot once, power on", power_on),
+    "power_on": Action("network boot once, power on", power_on, boots=True),
     "power_off": Action("power off", power_off),
-    "power_cycle": Action("network boot once, power cycle", power_cycle),
+    "power_cycle": Action("network boot once, power cycle", power_cycle, boots=True),
     "power_status": Action("ask the BMC again (with backoff)", power_status),
     "image_assign": Action("tell the agent the image's digest", image_assign),
 }

@@ -53,8 +53,10 @@ class Lifecycle:
         missing = {m.action for m in table if m.action and m.action not in ACTIONS}
         if missing:
             raise ValueError(f"the lifecycle table names unknown actions: {sorted(missing)}")
+        rate = store.config.server.power_on_rate  # a [server] key: fixed until a restart
+        paces = {name: 1 / rate for name, action in ACTIONS.items() if action.boots and rate}
         self.engine = Engine(Graph(VARIABLES, table), self.act, on_write=store.conclude,
-                             on_action=self._published)  # fmt: skip
+                             on_action=self._published, paces=paces)  # fmt: skip
         self.poller = Poller(self.drivers, self._polled, poll_interval, stats=stats)
         self.changes = store.feed.subscribe()  # before anything can change
         for node in store.nodes.values():
