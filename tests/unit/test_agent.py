@@ -557,3 +557,21 @@ def test_answer_in_another_major_protocol_is_said_once_and_ignored(
     a.wait_log(f"the server's answer speaks layerpy agent protocol 2.0, this side {PROTOCOL}")
     assert sum("protocol 2.0" in line for line in a.lines()) == 1
     assert a.agent.heartbeat == 0.1
+
+
+def test_heartbeats_and_retries_are_spread(tmp_path) -> None:
+    """Nodes powered on together drift apart, and come back apart after an outage."""
+    from layerpy.agent.core import SPREAD, Outcome
+
+    cfg = Cmdline.parse("layerpy.server=http://h layerpy.node=n layerpy.heartbeat=10")
+    agent = Agent(cfg, Log("n", io.StringIO()), no_net=True, state_dir=str(tmp_path))
+    beats = {agent._next_delay(Outcome("ok")) for _ in range(200)}
+    assert len(beats) > 150 and all(10 * (1 - SPREAD) <= b <= 10 * (1 + SPREAD) for b in beats)
+    agent._next_delay(Outcome("ok"))
+    first = [agent._next_delay(Outcome("unreachable")) for _ in range(5)]
+    assert all(b / 2 <= d <= b for d, b in zip(first, (1, 2, 4, 8, 10), strict=True)), first
+    firsts = set()
+    for _ in range(50):  # each outage starts the schedule afresh, at a different point
+        agent._next_delay(Outcome("ok"))
+        firsts.add(agent._next_delay(Outcome("unreachable")))
+    assert len(firsts) > 40 and all(0.5 <= d <= 1 for d in firsts)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
 import socket
 import sys
 import threading
@@ -51,6 +52,7 @@ CMDLINE = "/proc/cmdline"
 BUSY = os.path.join(NODE_DIR, "busy")  # /run/layerpy/busy in the container
 HTTP_TIMEOUT = 5.0
 CONFIG_RETRY = 30.0
+SPREAD = 0.1  # heartbeats vary by this fraction either way
 
 
 def uptime() -> float:
@@ -129,7 +131,7 @@ def post_json(url: str, body: dict, timeout: float) -> Outcome:
         e.close()
         if status == 403:
             return Outcome("forbidden", status, detail=with_reason)
-        if status >= 500:
+        if status >= 500 or status == 429:  # down or overloaded: back off
             return Outcome("unreachable", status, detail=with_reason)
         return Outcome("rejected", status, detail=with_reason)
     except (OSError, ValueError, urllib.error.URLError) as e:
@@ -441,7 +443,8 @@ class Agent:
             elif self._failing:
                 self.log(f"server accepts reports again (seq {self.seq})")
             self._failing, self._failures, self._backoff = "", 0, self.backoff_min
-            return self.heartbeat
+            # nodes powered on together drift apart instead of reporting in step forever
+            return self.heartbeat * random.uniform(1 - SPREAD, 1 + SPREAD)
         self._failures += 1
         if out.kind != self._failing:
             self._failing, self._since = out.kind, uptime()
@@ -455,7 +458,9 @@ class Agent:
                 self.log(f"server rejected the report ({out.detail}); retrying")
         if out.kind != "unreachable":
             return self.heartbeat
-        delay = min(self._backoff, self.heartbeat)  # capped exponential backoff
+        # capped exponential backoff, jittered: a thousand nodes that lost the server at
+        # once must not come back at once
+        delay = min(self._backoff, self.heartbeat) * random.uniform(0.5, 1.0)
         self._backoff = min(self._backoff * 2, self.heartbeat)
         return delay
 
