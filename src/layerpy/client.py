@@ -165,13 +165,6 @@ class Client:
             return json.loads(raw)
         raise self._refused(path, response, raw)
 
-    def seq(self) -> int | None:
-        """The number of the server's last change (None from a server that does not say):
-        lower than one seen before means the server restarted and counts anew."""
-        response, _ = self._exchange("/api/v1/nodes", "HEAD")
-        value = response.getheader("X-Layerpy-Seq", "")
-        return int(value) if value.isdigit() else None
-
     def fetch(self, path: str) -> bytes:
         """The body of a successful GET as it is (a console log); an error answer raises
         ClientError with the server's words."""

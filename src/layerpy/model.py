@@ -106,6 +106,7 @@ class Node:
     conflict_at: float | None = None  # when the other machine last claimed the location
     problem: str | None = None  # what its agent gets wrong (e.g. another protocol version)
     console_problem: str | None = None  # a panic, oops... seen on its console in this boot
+    console_seen: frozenset[str] = frozenset()  # the kinds of problem seen in this boot
     last_report: float | None = None
     boot: Boot | None = None
     boots: int = 0

@@ -274,9 +274,9 @@ class Server:
             result = closer.close()  # type: ignore[attr-defined]
             if asyncio.iscoroutine(result):
                 await result
+        await self.consoles.close()  # first: its end closes the operators' console sessions
         for runner in reversed(self._runners):
             await runner.cleanup()
-        await self.consoles.close()
         await self.lifecycle.close()
 
 

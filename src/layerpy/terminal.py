@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from enum import Enum, auto
 from typing import TYPE_CHECKING, BinaryIO
 
+from layerpy.consoles.link import KEYSTROKES
+
 if TYPE_CHECKING:
     from aiohttp import ClientWebSocketResponse
 
@@ -28,7 +30,14 @@ ESC, BEL, CAN, SUB, DEL = 0x1B, 0x07, 0x18, 0x1A, 0x7F
 KEPT_CONTROLS = frozenset(b"\r\n\t\b")
 STRING_STARTS = frozenset(b"]PX^_")  # OSC, DCS, SOS, PM, APC: all dropped to their end
 OSC = ord("]")
-WINDOW_OPS = ord("t")  # CSI … t resizes, moves, or reports the title into the input
+# CSI finals dropped: t (window operations: resize, move, report the title into the input),
+# n and c (status and device queries: the terminal would type its answers to the node, or
+# into the operator's shell after a detach), i (printer control)
+DROPPED_CSI = frozenset(b"tnci")
+DECID = ord("Z")  # ESC Z: an identification query, as CSI c
+# What a node may have switched on is switched off when the session ends: colours and
+# charset, the cursor, the alternate screen, mouse reports, bracketed paste.
+RESET = b"\x1b[0m\x1b(B\x1b[?25h\x1b[?1049l\x1b[?1000l\x1b[?1002l\x1b[?1003l\x1b[?1006l\x1b[?2004l"
 SEQUENCE_LIMIT = 64  # a CSI or escape longer than this is no sequence a console needs
 STRING_LIMIT = 4096  # an unterminated string must not swallow the console for good
 REPLACEMENT = "\ufffd".encode()
@@ -144,7 +153,8 @@ class EscapeFilter:
             if state is _State.ESCAPE:
                 self._state = _State.INTERMEDIATE
         elif (0x40 if state is _State.CSI else 0x30) <= byte <= 0x7E:
-            if state is not _State.CSI or byte != WINDOW_OPS:
+            query = byte in DROPPED_CSI if state is _State.CSI else byte == DECID
+            if not (query and state in (_State.CSI, _State.ESCAPE)):
                 out += self._held
                 out.append(byte)
             self._state = _State.GROUND
@@ -199,6 +209,9 @@ def raw_mode(fd: int) -> Iterator[None]:
         tty.setraw(fd)
         yield
     finally:
+        if os.isatty(sys.stdout.fileno()):  # undo the modes the node may have set
+            with contextlib.suppress(OSError):
+                os.write(sys.stdout.fileno(), RESET)
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
@@ -263,7 +276,7 @@ class Session:
 
         def readable() -> None:
             try:
-                ready.put_nowait(os.read(self.stdin, 4096))
+                ready.put_nowait(os.read(self.stdin, KEYSTROKES))
             except OSError:  # the terminal went away: as good as the end of input
                 ready.put_nowait(b"")
 
@@ -273,7 +286,7 @@ class Session:
         except PermissionError:  # a regular file (or /dev/null): epoll cannot wait on it
 
             async def read() -> bytes:
-                return await asyncio.to_thread(os.read, self.stdin, 65536)
+                return await asyncio.to_thread(os.read, self.stdin, KEYSTROKES)
 
         try:
             while data := await read():

@@ -243,3 +243,27 @@ def test_the_dashboard_files_need_no_token_but_its_data_does(host: Host) -> None
                                           "http://layerpy/api/v1/nodes").stdout  # fmt: skip
     code, body = api(host, "/api/v1/nodes/cn001/console")
     assert code == 409 and body.startswith("cn001 has no console")
+
+
+def test_a_stop_does_not_wait_for_an_attached_console(
+    console_host: tuple[Host, SerialLine],
+) -> None:
+    host, line = console_host
+    wait_for(lambda: line.peer is not None, 20, "the server connecting to cn001's console")
+
+    async def attached_through_a_stop() -> str:
+        connector = aiohttp.UnixConnector(path=str(host.socket))
+        async with aiohttp.ClientSession(connector=connector) as session:
+            url = "http://layerpy/api/v1/nodes/cn001/console/attach"
+            async with session.ws_connect(url) as ws:
+                await ws.receive()  # the tail: attached
+                host.serve.send_signal(signal.SIGTERM)
+                async with asyncio.timeout(30):
+                    async for _ in ws:
+                        pass
+                return f"closed {ws.close_code}"
+
+    began = time.monotonic()
+    assert asyncio.run(attached_through_a_stop()).startswith("closed")
+    host.serve.wait(timeout=50)
+    assert time.monotonic() - began < 15, "the stop waited for the console session"

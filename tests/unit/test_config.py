@@ -286,6 +286,20 @@ def test_power_and_bmc(write) -> None:
     assert (cn001.bmc.driver, cn001.bmc.address, cn001.bmc.user) == ("ipmi", "10.99.1.11", "admin")
     assert cn001.bmc.password == "s3cret" and "s3cret" not in repr(cn001)
     assert (login.bmc.driver, login.bmc.address) == ("qemu", "/run/lab/login.qmp")
+    assert (cn001.bmc.console, login.bmc.console) == (None, None)
+
+
+def test_consoles(write) -> None:
+    sol = POWERED.replace('user = "admin"', 'user = "admin", console = "sol"')
+    path = write(sol + 'bmc = { driver = "none", console = "/run/lab/{node}.console" }\n')
+    (path.parent / "bmc.pass").write_text("s3cret\n")
+    config = load(path)
+    assert config.nodes["cn001"].bmc.console == "sol"
+    assert config.nodes["login"].bmc.console == "/run/lab/login.console"
+    path.write_text(sol.replace('driver = "ipmi"', 'driver = "redfish"'))
+    with pytest.raises(ConfigError) as raised:
+        load(path)
+    assert 'console: "sol" needs driver "ipmi", not \'redfish\'' in raised.value.render()
 
 
 @pytest.mark.parametrize(
@@ -310,6 +324,18 @@ def test_power_and_bmc(write) -> None:
         (
             ('power = "off"', 'power = "of"'),
             "nodes.toml:29: nodes.cn003.power: 'of' is not one of: on, off",
+        ),
+        (
+            ('user = "admin"', 'user = "admin", console = "/run/{host}.console"'),
+            "nodes.toml:25: groups.compute.bmc.console: '/run/{{host}}.console': the only placeholder is {{node}}",
+        ),
+        (
+            ('user = "admin"', 'user = "admin", console = "ttyS0"'),
+            "nodes.toml:25: groups.compute.bmc.console: 'ttyS0' must be \"sol\" (IPMI Serial-over-LAN) or the absolute path of the console's Unix socket, like /run/lab/{{node}}.console",
+        ),
+        (
+            ('address = "10.99.1.[11-13]"', 'address = "/run/{node}/{0}.qmp"'),
+            "nodes.toml:25: groups.compute.bmc.address: '/run/{{node}}/{{0}}.qmp': the only placeholder is {{node}}",
         ),
     ],
 )

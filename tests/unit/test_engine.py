@@ -533,3 +533,24 @@ async def test_a_pass_plans_for_a_slice_of_time_and_leaves_the_rest():
         world.engine.step()
         passes += 1
     assert world.engine.stats()["converged"] == 20_000 and passes > 2
+
+
+@scenario
+async def test_every_action_fired_and_how_it_ended_is_told():
+    heard: list[tuple[str, str, str]] = []
+    world = World(on_action=lambda node, f: heard.append((node, f["mutation"], f["result"])))
+    world.effects["power_on"] = RuntimeError("BMC said no")
+    world.engine.add_node("cn1", WANT_UP, OFF)
+    await world.settle()
+    world.effects["power_status"] = {"power": "off"}  # asked again: off, so on again
+    world.effects["power_on"] = {"power": "on"}
+    for _ in range(4):
+        await world.settle(2)  # each backoff over
+    world.engine.set_cfg("cn1", power="off")  # boot.wait, in flight, is no longer wanted
+    await world.settle()
+    assert heard[:2] == [("cn1", "power.on", "fired"), ("cn1", "power.on", "failed")]
+    later = heard[2:]
+    for told in (("cn1", "power.retry", "fired"), ("cn1", "power.on", "done"),
+                 ("cn1", "boot.wait", "fired"), ("cn1", "boot.wait", "cancelled")):  # fmt: skip
+        assert told in later, heard
+        later = later[later.index(told) + 1 :]

@@ -12,6 +12,7 @@ import pytest
 from layerpy.config import load
 from layerpy.model import Phase, PowerState, RunState
 from layerpy.nodes import GAP, Ack, NodeStore, ReportRejected
+from layerpy.nodes.feed import ChangeFeed
 from layerpy.nodes.files import StateFiles
 from layerpy.proto.agent import PROTOCOL
 
@@ -349,6 +350,18 @@ def test_a_subscriber_that_falls_behind_is_told_so(inventory: NodeStore) -> None
     since = inventory.feed.seq - 3
     resumed = inventory.feed.subscribe(since=since)
     assert [c.seq for c in resumed.pending()] == [since + 1, since + 2, since + 3]
+
+
+def test_an_event_number_from_another_run_means_a_gap() -> None:
+    """Numbers rise across restarts: one from before is older than any now, and one from
+    the future is nobody's; a client resuming with either re-reads the state."""
+    earlier, later = ChangeFeed(clock=lambda: 1000.0), ChangeFeed(clock=lambda: 1001.0)
+    earlier.publish("cn001", "observed", {"run_state": "ready"})
+    later.publish("cn001", "observed", {"run_state": "booting"})
+    assert later.history[0].seq > earlier.seq
+    assert later.subscribe(since=earlier.seq).pending()[0] is GAP
+    assert later.subscribe(since=later.seq + 5).pending()[0] is GAP
+    assert later.subscribe(since=later.seq).pending() == []  # up to date: nothing, no gap
 
 
 def test_engine_conclusions_are_observations(inventory: NodeStore) -> None:

@@ -198,7 +198,7 @@ def _bmcs(r: Reader, table: Any, prefix: str, names: list[str]) -> list[PowerSpe
         r.problem(f"{prefix}.address", f"is required for driver {driver!r}")
         return None
     if address is None or "{node}" in address:
-        addresses = [address.format(node=n) if address else None for n in names]
+        addresses = [_per_node(address, n) for n in names]
     else:
         try:
             addresses = hostlist.expand(address)
@@ -220,11 +220,19 @@ def _bmcs(r: Reader, table: Any, prefix: str, names: list[str]) -> list[PowerSpe
     if console == "sol" and driver != "ipmi":
         r.problem(f"{prefix}.console", f'"sol" needs driver "ipmi", not {driver!r}')
         console = None
-    consoles = [console.format(node=n) if console else None for n in names]
+    for key, template in (("address", address), ("console", console)):
+        if template and set("{}") & set(template.replace("{node}", "")):
+            r.problem(f"{prefix}.{key}", f"{template!r}: the only placeholder is {{node}}")
+            return None
+    consoles = [_per_node(console, n) for n in names]
     return [
         PowerSpec(address=address, console=console, **common)
         for address, console in zip(addresses, consoles, strict=True)
     ]
+
+
+def _per_node(template: str | None, node: str) -> str | None:
+    return template.replace("{node}", node) if template else template
 
 
 def _one_each(r: Reader, key: str, entries: list[Any], names: list[str]) -> bool:

@@ -1,5 +1,6 @@
 """Nodes' serial consoles: captured, watched for dying kernels, attached to by operators."""
 
 from layerpy.consoles.capture import Consoles, Notice
+from layerpy.consoles.link import KEYSTROKES
 
-__all__ = ["Consoles", "Notice"]
+__all__ = ["KEYSTROKES", "Consoles", "Notice"]

@@ -23,15 +23,18 @@ import logging
 import os
 import random
 import re
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from layerpy.consoles.link import ConsoleError, ConsoleLink, SocketLink
+from layerpy.logs import Throttle
 from layerpy.power.base import PowerSpec
 from layerpy.text import printable
 
 log = logging.getLogger("layerpy.console")
+quiet = Throttle(log)  # what a node or a full disk can cause: a few lines a minute
 
 FILE_LIMIT = 1024 * 1024  # bytes of one node's log before it is rotated (one old file kept)
 FLUSH_EVERY = 1.0  # seconds between writes of what was captured (one write per node)
@@ -44,12 +47,20 @@ SEEN_ON_ATTACH = 4096  # bytes of the log an operator sees when attaching
 # What a dying or sick kernel prints. A panic ends the node's life until it is
 # power-cycled: the node store makes it lost at once (its FATAL_ON_CONSOLE). The others are
 # quoted by `explain` and the event stream; the node may still recover, or stop reporting.
+_KERNEL = rb"^(?:<\d>)?(?:\[ *\d+\.\d+\] ?)?"  # a kernel line: level, timestamp, then
 PROBLEMS: list[tuple[re.Pattern[bytes], str]] = [
-    (re.compile(rb"Kernel panic - not syncing"), "panic"),
-    (re.compile(rb"\bOops\b|BUG: unable to handle|general protection fault"), "oops"),
-    (re.compile(rb"INFO: task \S+ blocked for more than \d+ seconds"), "hung_task"),
-    (re.compile(rb"soft lockup - CPU#|hard LOCKUP"), "lockup"),
-]
+    (re.compile(_KERNEL + rb"Kernel panic - not syncing"), "panic"),
+    (re.compile(_KERNEL + rb"(?:Oops[: ]|BUG: unable to handle|general protection fault)"), "oops"),
+    (re.compile(_KERNEL + rb"INFO: task \S+ blocked for more than \d+ seconds"), "hung_task"),
+    (re.compile(_KERNEL + rb"(?:watchdog: BUG: soft lockup|Watchdog detected hard LOCKUP)"),
+     "lockup"),
+]  # fmt: skip
+# What a node prints that an operator with only the read scope must not see: its boot token
+# (on the kernel command line the kernel echoes at boot). Replaced before anything keeps it.
+SECRET = re.compile(rb"layerpy\.token=\S*")
+SECRET_MARK = b"layerpy.token="
+SECRET_HOLD = 256  # bytes held back while a token may still be being printed
+STEADY = 60.0  # seconds a link must stay up before its backoff starts afresh
 
 Opener = Callable[[str, PowerSpec], Awaitable[ConsoleLink]]
 OnProblem = Callable[[str, str, str], None]  # node, kind, line
@@ -74,11 +85,11 @@ class _Console:
     path: Path
     pending: bytearray = field(default_factory=bytearray)
     line: bytearray = field(default_factory=bytearray)
+    held: bytes = b""  # the start of what may be a boot token, until it is complete
     viewers: set[asyncio.Queue[bytes | None]] = field(default_factory=set)
     link: ConsoleLink | None = None
     task: asyncio.Task[None] | None = None
     state: str = "connecting"  # connecting, connected, or why it is not
-    dropped: int = 0  # bytes lost because the disk was slower than the node
 
 
 class Consoles:
@@ -127,51 +138,63 @@ class Consoles:
         if self._flusher is not None:
             self._flusher.cancel()
             tasks.append(self._flusher)
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- capturing ---------------------------------------------------------------------
 
     async def _capture(self, console: _Console) -> None:
+        """Read the console for as long as the node has one; any failure of a link (a
+        driver's bug included) is logged once per reason and retried with a backoff that
+        starts afresh only after a link stayed up a while (one that accepts and drops at
+        once is not retried every second)."""
         first, cap = BACKOFF
         delay, said = first, ""
         while True:
+            up = 0.0
             try:
                 console.link = await self.opener(console.node, console.spec)
-            except ConsoleError as error:
-                console.state = str(error)
-                if str(error) != said:  # once per reason, not once per attempt
-                    log.warning("%s: console unreachable, trying again: %s", console.node, error)
-                    said = str(error)
-                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-                delay = min(cap, delay * 2)
-                continue
-            if said:
-                log.info("%s: console reached again", console.node)
-            console.state, said, delay = "connected", "", first
-            try:
+                up = time.monotonic()
+                if said:
+                    log.info("%s: console reached again", console.node)
+                console.state, said = "connected", ""
                 while data := await console.link.read():
                     self._heard(console, data)
-            except ConsoleError as error:
-                console.state = str(error)
+                reason = "the console closed the connection"
+            except (ConsoleError, OSError) as error:
+                reason = str(error)
+            except Exception as error:  # a driver's bug: logged, and the capture goes on
+                reason = f"{type(error).__name__}: {error}"
+                log.exception("%s: console failed", console.node)
             finally:
                 link, console.link = console.link, None
-                await link.close()
-            if console.state == "connected":
-                console.state = "disconnected"
-            self._notice(console, f"console of {console.node} disconnected, reconnecting")
-            await asyncio.sleep(delay)
+                if link is not None:
+                    with contextlib.suppress(Exception):
+                        await link.close()
+            console.state = reason
+            if up:
+                self._notice(console, f"console of {console.node}: {reason}, reconnecting")
+            if reason != said:  # once per reason, not once per attempt
+                log.warning("%s: console: %s; trying again", console.node, reason)
+                said = reason
+            if up and time.monotonic() - up > STEADY:
+                delay = first
+            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+            delay = min(cap, delay * 2)
 
     def _heard(self, console: _Console, data: bytes) -> None:
+        data = _without_secrets(console, data)
+        if not data:
+            return
         console.pending += data
         if len(console.pending) > PENDING_LIMIT:
             excess = len(console.pending) - PENDING_LIMIT
             del console.pending[:excess]
-            console.dropped += excess
+            quiet.log(console.node, logging.WARNING, "%s: console log lost %d bytes: the disk "
+                      "is slower than the node prints", console.node, excess)  # fmt: skip
         for viewer in list(console.viewers):
-            if not _offer(viewer, data):
-                console.viewers.discard(viewer)  # too slow: let go, it sees the end
+            if not _offer(viewer, data):  # too slow: told why, and let go
+                console.viewers.discard(viewer)
+                _offer(viewer, Notice(b"fell behind the console; attach again"), force=True)
                 _offer(viewer, None, force=True)
         self._look_for_problems(console, data)
 
@@ -179,15 +202,16 @@ class Consoles:
         *complete, rest = (bytes(console.line) + data).split(b"\n")
         console.line = bytearray(rest[-LINE_LIMIT:])
         for line in complete:
+            line = line[:LINE_LIMIT].strip(b"\r")
             for pattern, kind in PROBLEMS:
-                if pattern.search(line[:LINE_LIMIT]):
-                    text = printable(line[:LINE_LIMIT].decode(errors="replace").strip(), 200)
+                if pattern.search(line):
+                    text = printable(line.decode(errors="replace").strip(), 200)
                     self.on_problem(console.node, kind, text)
                     break
 
     def _notice(self, console: _Console, text: str) -> None:
         for viewer in console.viewers:
-            _offer(viewer, text.encode(), notice=True)
+            _offer(viewer, Notice(text.encode()))
 
     # -- the log files -------------------------------------------------------------------
 
@@ -211,9 +235,8 @@ class Consoles:
             finally:
                 os.close(fd)
         except OSError as error:
-            console.dropped += len(data)
-            log.error("%s: cannot keep its console log %s: %s", console.node, console.path,
-                      error.strerror or error)  # fmt: skip
+            quiet.log("console files", logging.ERROR, "%s: cannot keep its console log %s: %s",
+                      console.node, console.path, error.strerror or error)  # fmt: skip
 
     def tail(self, node: str, size: int) -> bytes:
         """The last `size` bytes the node printed (across the rotation)."""
@@ -231,7 +254,7 @@ class Consoles:
 
     def attach(self, node: str) -> asyncio.Queue[bytes | None]:
         """A queue of what the node prints from now on (None: the capture ended, or the
-        viewer fell behind); also notices, as ``Notice`` bytes subclasses."""
+        viewer fell behind); the server's notices come as ``Notice``."""
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(VIEWER_QUEUE)
         self._consoles[node].viewers.add(queue)
         return queue
@@ -254,15 +277,30 @@ class Notice(bytes):
     """A line for the operator from the server, not from the node."""
 
 
-def _offer(
-    queue: asyncio.Queue[bytes | None], item: bytes | None, *, notice: bool = False,
-    force: bool = False,
-) -> bool:  # fmt: skip
+def _offer(queue: asyncio.Queue[bytes | None], item: bytes | None, *, force: bool = False) -> bool:
+    """Queue without waiting; `force` makes room by dropping the oldest."""
     if force:
         while queue.full():
             queue.get_nowait()
     try:
-        queue.put_nowait(Notice(item) if notice and item is not None else item)
+        queue.put_nowait(item)
     except asyncio.QueueFull:
         return False
     return True
+
+
+def _without_secrets(console: _Console, data: bytes) -> bytes:
+    """`data` with every boot token replaced; a token (or its marker) still being printed
+    at the end is held back until it is complete."""
+    data = console.held + data
+    cut = len(data)
+    start = data.rfind(SECRET_MARK)
+    if start >= 0 and not re.search(rb"\s", data[start:]) and len(data) - start < SECRET_HOLD:
+        cut = start
+    else:
+        for size in range(min(len(SECRET_MARK) - 1, len(data)), 0, -1):
+            if data.endswith(SECRET_MARK[:size]):
+                cut = len(data) - size
+                break
+    console.held = data[cut:]
+    return SECRET.sub(SECRET_MARK + b"***", data[:cut])

@@ -13,6 +13,7 @@ import contextlib
 from typing import Protocol
 
 READ_SIZE = 4096
+KEYSTROKES = 4096  # bytes an operator may send in one message (the CLI sends no more)
 
 
 class ConsoleError(Exception):

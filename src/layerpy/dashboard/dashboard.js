@@ -26,6 +26,7 @@ const state = {
   cells: new Map(), // name -> element
   dirty: new Set(),
   painting: false,
+  regroup: false,
   lastId: null,
   events: [],
   selected: null,
@@ -217,6 +218,10 @@ function paintSoon(name) {
   state.painting = true;
   requestAnimationFrame(() => {
     state.painting = false;
+    if (state.regroup) { // a node moved to another switch: its sections again, once a frame
+      state.regroup = false;
+      render();
+    }
     for (const dirty of state.dirty) {
       const cell = state.cells.get(dirty);
       const node = state.nodes.get(dirty);
@@ -304,11 +309,18 @@ async function heard(event) {
   state.lastId = event.id;
   const change = JSON.parse(event.data);
   const node = state.nodes.get(change.node);
+  if (change.kind === "event" && change.fields.event === "reloaded") {
+    await loadNodes(); // nodes came or went: the listing again
+    return;
+  }
   if (change.kind === "observed" && node) {
     for (const [key, value] of Object.entries(change.fields)) {
       if (LIVE_FIELDS.includes(key)) node[key] = value;
     }
-    if ("location" in change.fields && $("group-by").value === "switch") render();
+    if ("location" in change.fields && $("group-by").value === "switch") {
+      state.regroup = true;
+      paintSoon(change.node);
+    }
   }
   if (change.kind !== "observed" || change.message) {
     state.events.push(change);

@@ -92,7 +92,10 @@ class Subscription:
 class ChangeFeed:
     def __init__(self, clock: Callable[[], float] = time.time, history: int = HISTORY) -> None:
         self.clock = clock
-        self.seq = 0
+        # Numbers go on rising across restarts (a thousand a millisecond of the start
+        # time): an event number from before a restart is older than every new one, so a
+        # client resuming with it is told of the gap instead of being sent strangers' news.
+        self.seq = int(clock() * 1000) * 1000
         self.history: deque[Change] = deque(maxlen=history)
         self._subscribers: set[Subscription] = set()
 
@@ -111,7 +114,8 @@ class ChangeFeed:
         (a ``GAP`` first when some of them are gone)."""
         subscription = Subscription(self, limit)
         if since is not None:
-            if self.history and self.history[0].seq > since + 1:
+            oldest = self.history[0].seq if self.history else self.seq + 1
+            if oldest > since + 1 or since > self.seq:  # lost, or another server's number
                 subscription._queue.append(GAP)
             for change in self.history:
                 if change.seq > since:

@@ -88,6 +88,9 @@ class NodeStore:
         self.identities.index(self.nodes)
         for mac in [mac for mac in self.unknown if self.by_mac(mac)]:
             self.unknown.forget(mac)
+        counts = {"added": len(added), "removed": len(removed), "changed": len(changed)}
+        message = f"node file applied: {len(self.nodes)} nodes"  # mirrors re-read the list
+        self.feed.publish("", "event", {"event": "reloaded", **counts}, message)
         return added, removed, changed
 
     # -- look-ups ------------------------------------------------------------------------
@@ -475,8 +478,9 @@ class NodeStore:
         explain; a panic makes a booting or running node lost at once (the engine then
         recovers it) instead of after missed heartbeats."""
         node = self.nodes.get(name)
-        if node is None:
+        if node is None or kind in node.console_seen:  # each kind once a boot: no flood
             return
+        node.console_seen |= {kind}
         said = f"{kind}: {line}"
         self._set(node, "seen on the console", console_problem=said)
         self._event(name, "console", f"console: {said}")
@@ -508,6 +512,7 @@ class NodeStore:
         node.boot = Boot(started=self.clock(), firmware=firmware)
         node.last_report = None
         self._set(node, boots=node.boots + 1, busy=Busy.UNKNOWN, console_problem=None)
+        node.console_seen = frozenset()
         self._set_state(
             node, RunState.BOOTING, f"boot {node.boots} ({firmware or 'unknown firmware'})"
         )

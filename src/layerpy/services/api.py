@@ -34,6 +34,7 @@ from layerpy.services.http import (
     STATS,
     Handler,
     PowerControl,
+    audit,
     image_file,
     profile,
     read_json,
@@ -126,15 +127,6 @@ def _operator(request: web.Request) -> Operator | None:
             quiet.log(remote, logging.WARNING, "%s: refused an unknown operator token", remote)
         return None
     return Operator(f"token {record.name}", record.scope, request.remote or "?")
-
-
-def audit(request: web.Request, what: str, nodes: str = "") -> None:
-    """One line and one ``operator`` event per change an operator makes."""
-    operator: Operator = request[OPERATOR]
-    message = f"{operator.name} from {operator.address}: {what}"
-    log.info("%s", message)
-    fields = {"event": "operator", "who": operator.name, "from": operator.address}
-    request.app[NODES].feed.publish(nodes, "event", fields, message)
 
 
 # -- reading --------------------------------------------------------------------------------

@@ -66,6 +66,16 @@ IMAGE_FILES = ("rootfs.tar", "rootfs.squashfs", "config.json")
 METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
 
 
+def audit(request: web.Request, what: str, nodes: str = "") -> None:
+    """One line and one ``operator`` event per change an operator makes (operator
+    listeners only: the request carries who it is)."""
+    operator = request[OPERATOR]
+    message = f"{operator.name} from {operator.address}: {what}"
+    logging.getLogger("layerpy.api").info("%s", message)
+    fields = {"event": "operator", "who": operator.name, "from": operator.address}
+    request.app[NODES].feed.publish(nodes, "event", fields, message)
+
+
 def share(
     app: web.Application,
     policy: BootPolicy,

@@ -24,18 +24,19 @@ from aiohttp import WSMsgType, web
 
 from layerpy import hostlist
 from layerpy.auth import Operator, Scope
-from layerpy.consoles import Consoles, Notice
+from layerpy.consoles import KEYSTROKES, Consoles, Notice
+from layerpy.consoles.capture import SEEN_ON_ATTACH
 from layerpy.nodes.feed import GAP, Change, Subscription
-from layerpy.services.http import NODES, OPERATOR
+from layerpy.services.http import NODES, OPERATOR, audit
 from layerpy.text import printable
 
 log = logging.getLogger("layerpy.api")
 
 KEEPALIVE = 15.0  # seconds between comment lines on an idle stream (proxies close silent ones)
+WRITE_TIMEOUT = 30.0  # seconds a stream's reader may take to accept a write before it ends
 STREAM_QUEUE = 20_000  # changes queued for one slow stream before it is told of a gap
 TAIL_DEFAULT = 64 * 1024  # bytes of a console log GET .../console answers
 TAIL_LIMIT = 4 * 1024 * 1024
-TYPED_LIMIT = 4096  # bytes of one keystroke message from an operator
 
 CONSOLES: web.AppKey[Consoles] = web.AppKey("consoles", Consoles)
 STREAMS: web.AppKey[set[Subscription]] = web.AppKey("streams", set)
@@ -85,26 +86,33 @@ async def event_stream(request: web.Request) -> web.StreamResponse:
     })  # fmt: skip
     try:
         await response.prepare(request)
-        await response.write(b"retry: 2000\n\n")
+        await _write(response, b"retry: 2000\n\n")
         while True:
             try:
                 async with asyncio.timeout(KEEPALIVE):
                     first = await anext(subscription)
             except TimeoutError:
-                await response.write(b": keepalive\n\n")
+                await _write(response, b": keepalive\n\n")
                 continue
             except StopAsyncIteration:
                 break
             batch = [first, *subscription.pending()]
             text = "".join(_event(item) for item in batch if _shown(item, wanted))
             if text:
-                await response.write(text.encode())
-    except (ConnectionError, asyncio.CancelledError):
-        pass  # the watcher went away
+                await _write(response, text.encode())
+    except (ConnectionError, TimeoutError):
+        pass  # the watcher went away, or stopped reading
     finally:
         subscription.close()
         request.app[STREAMS].discard(subscription)
     return response
+
+
+async def _write(response: web.StreamResponse, data: bytes) -> None:
+    """A write the reader must take within WRITE_TIMEOUT (one that stops reading would
+    hold the handler, and a stop of the server, for as long as it likes)."""
+    async with asyncio.timeout(WRITE_TIMEOUT):
+        await response.write(data)
 
 
 def _wanted(request: web.Request) -> set[str] | None:
@@ -121,7 +129,7 @@ def _last_event_id(request: web.Request) -> int | None:
     raw = request.headers.get("Last-Event-ID") or request.query.get("since")
     if raw is None:
         return None
-    if not raw.isdigit() or len(raw) > 18:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
         raise web.HTTPBadRequest(text="Last-Event-ID must be an event's number\n")
     return int(raw)
 
@@ -170,7 +178,7 @@ async def console_log(request: web.Request) -> web.Response:
     """``GET /api/v1/nodes/NAME/console?bytes=N``: the tail of what the node printed."""
     name = _console_of(request)
     raw = request.query.get("bytes", str(TAIL_DEFAULT))
-    if not raw.isdigit() or not 0 < int(raw) <= TAIL_LIMIT:
+    if not (raw.isascii() and raw.isdigit()) or not 0 < int(raw) <= TAIL_LIMIT:
         raise web.HTTPBadRequest(text=f"bytes must be 1 to {TAIL_LIMIT}\n")
     data = request.app[CONSOLES].tail(name, int(raw))
     return web.Response(body=data, content_type="text/plain", charset="utf-8")
@@ -178,29 +186,35 @@ async def console_log(request: web.Request) -> web.Response:
 
 async def console_attach(request: web.Request) -> web.WebSocketResponse:
     """A WebSocket on a node's console: binary messages are its bytes both ways (an
-    operator with the read scope only watches), text messages are notices."""
+    operator with the read scope only watches), text messages are notices. An admin's
+    session is an operator event, begun and ended."""
     name = _console_of(request)
     consoles = request.app[CONSOLES]
     operator: Operator = request[OPERATOR]
-    socket = web.WebSocketResponse(max_msg_size=TYPED_LIMIT, heartbeat=30.0)
+    typing = operator.scope == Scope.ADMIN
+    socket = web.WebSocketResponse(max_msg_size=KEYSTROKES, heartbeat=30.0)
     await socket.prepare(request)
     queue = consoles.attach(name)
-    log.info("%s: console attached by %s from %s", name, operator.name, operator.address)
-    await socket.send_bytes(consoles.tail(name, 4096))
+    if typing:
+        audit(request, f"console {name} attached", name)
+    else:
+        log.info("%s: console watched by %s from %s", name, operator.name, operator.address)
+    await socket.send_bytes(consoles.tail(name, SEEN_ON_ATTACH))
     if consoles.state(name) != "connected":
         await socket.send_str(f"console of {name}: {consoles.state(name)}")
-    if operator.scope != Scope.ADMIN:
+    if not typing:
         await socket.send_str(f"{operator.name} may only read: watching, keystrokes are dropped")
     sender = asyncio.create_task(_send_console(socket, queue))
     try:
         async for message in socket:
-            typed = message.type == WSMsgType.BINARY and operator.scope == Scope.ADMIN
-            if typed and not await consoles.type(name, message.data):
+            sent = message.type == WSMsgType.BINARY and typing
+            if sent and not await consoles.type(name, message.data):
                 await socket.send_str(f"console of {name} is not connected: not sent")
     finally:
         sender.cancel()
         consoles.detach(name, queue)
-        log.info("%s: console detached by %s", name, operator.name)
+        if typing:
+            audit(request, f"console {name} detached", name)
     return socket
 
 
