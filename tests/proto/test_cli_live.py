@@ -55,7 +55,9 @@ def running(host: Host, out: Path, *args: str, env: tuple[str, ...] = ()) -> Ite
     """``layerpy ARGS`` in the background, stdout to `out`, stderr to `out`.err."""
     config = ["-c", str(host.socket.parent.parent / "nodes.toml")]
     with out.open("wb") as sink, out.with_suffix(".err").open("wb") as errors:
-        command = ["env", *env, str(LAYERPY), *args, *config]
+        # Ctrl-C must work even when this test runs where SIGINT is ignored (a background
+        # job of a shell): ignoring is inherited, and Python then keeps ignoring it
+        command = ["env", "--default-signal=INT", *env, str(LAYERPY), *args, *config]
         process = host.ns.popen(command, stdout=sink, stderr=errors, stdin=subprocess.DEVNULL)
     try:
         yield process
@@ -323,7 +325,7 @@ class Terminal:
         self.master, self.slave = pty.openpty()
         self.settings = termios.tcgetattr(self.slave)
         config = ["-c", str(host.socket.parent.parent / "nodes.toml")]
-        self.process = host.ns.popen([str(LAYERPY), *args, *config], stdin=self.slave,
+        self.process = host.ns.popen(["env", "--default-signal=INT", str(LAYERPY), *args, *config], stdin=self.slave,
                                      stdout=self.slave, stderr=self.slave)  # fmt: skip
         self.seen = b""
 
