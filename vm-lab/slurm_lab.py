@@ -214,6 +214,9 @@ class SlurmLab:
         wait_release = (f"until (exec 3<>/dev/tcp/{ADDRESS}/{RELEASE_PORT}) 2>/dev/null;"
                         " do sleep 1; done; echo job done on $(hostname)")  # fmt: skip
         job_log = self.run_dir / "job.log"
+        # the last step's jobs must be over: their prologs' busy would pass for this job's
+        self.session.wait(lambda: all(n["busy"] == "free" for n in self.nodes().values()), 120,
+                          "every node free (the last step's jobs ended)")  # fmt: skip
         job = self.controller.srun_background("-N1", "-w", "cn001", "bash", "-c", wait_release,
                                               log=job_log)  # fmt: skip
         self.session.wait(lambda: self.nodes()["cn001"]["busy"] == "busy", 120,
@@ -225,7 +228,10 @@ class SlurmLab:
         self.session.wait(lambda: self.running("slurm2", ["cn002", "cn003"]), 300,
                           "cn002 and cn003 on slurm v2")  # fmt: skip
         self.note("reload to the free nodes on v2", time.monotonic() - started)
-        assert self.running("slurm", ["cn001"]), "cn001 left v1 while its job ran"
+        assert self.running("slurm", ["cn001"]), (
+            f"cn001 left v1 while its job ran: {self.nodes()['cn001']['image']}, "
+            f"{self.session.api('/api/v1/nodes/cn001/explain')}"
+        )
         assert job.poll() is None, job_log.read_text()
         self.say("cn002 and cn003 run v2; cn001 still runs v1 and its job: releasing the job")
         release = self.session.lab.popen([sys.executable, "-c", RELEASE, ADDRESS,
