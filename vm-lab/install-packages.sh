@@ -16,15 +16,19 @@ for package in "$@"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" \
     || missing+=("$package")
 done
+installed=()
 if [ ${#missing[@]} -gt 0 ]; then
   echo "install: ${missing[*]}"
+  before=$(dpkg-query -W -f='${Package}\n' | sort)
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # the named packages and what they pulled in (nginx-light brings nginx and its unit)
+  mapfile -t installed < <(comm -13 <(echo "$before") <(dpkg-query -W -f='${Package}\n' | sort))
 fi
 
 # ...and their postinst enables them at boot all the same: undo that, for what this run
 # installed (a package that was here before, and an admin's choices, stay as they were).
-for package in "${missing[@]}"; do
+for package in "${installed[@]}"; do
   for unit in $(dpkg -L "$package" 2>/dev/null \
       | sed -nE 's#^/(usr/)?lib/systemd/system/([^/@]+\.(service|socket|timer|path|target))$#\2#p; s#^/etc/init\.d/([^/]+)$#\1#p' \
       | sed -E 's/\.service$//' | sort -u); do

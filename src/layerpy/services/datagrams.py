@@ -17,6 +17,23 @@ from collections.abc import Callable
 BATCH = 64
 """Datagrams read per wakeup at most, so that a flood on one socket cannot starve the loop."""
 RECEIVE_SIZE = 65536  # any UDP payload: nothing is truncated before it is judged
+DEEP_BUFFER = 4 << 20  # bytes queued each way on a listening socket (1 000 nodes' requests)
+
+
+def deep_buffers(sock: socket.socket, size: int = DEEP_BUFFER) -> None:
+    """Room for the requests of a room powering on at once, and for the replies to them:
+    the kernel's default holds about 250 of each and drops the rest, which PXE ROMs then
+    wait seconds to repeat (1 000 DISCOVERs at once: 793 repeated, bench/storm.py). Above
+    net.core.[rw]mem_max only root may (SO_*BUFFORCE); otherwise as much as allowed."""
+    for forced, plain in (("SO_RCVBUFFORCE", "SO_RCVBUF"), ("SO_SNDBUFFORCE", "SO_SNDBUF")):
+        for option in (getattr(socket, forced, None), getattr(socket, plain)):
+            if option is None:
+                continue
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, option, size)
+                break
+            except OSError:
+                continue
 
 
 class Datagrams:

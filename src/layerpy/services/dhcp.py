@@ -32,7 +32,7 @@ from layerpy.proto.dhcp_server import (
     screen,
 )
 from layerpy.proto.leases import BOUND
-from layerpy.services.datagrams import Datagrams
+from layerpy.services.datagrams import Datagrams, deep_buffers
 from layerpy.stats import Stats
 
 log = logging.getLogger("layerpy.dhcp")
@@ -206,6 +206,7 @@ def _listening_socket(interface: str, port: int) -> socket.socket:
     except OSError as error:
         sock.close()
         raise cannot_listen("DHCP", error, port, interface=interface) from None
+    deep_buffers(sock)
     return sock
 
 

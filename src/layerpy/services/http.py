@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 
 from layerpy.boot import BootPolicy
 from layerpy.catalog import Catalog
@@ -59,9 +60,11 @@ POLICY: web.AppKey[BootPolicy] = web.AppKey("policy", BootPolicy)
 NODES: web.AppKey[NodeStore] = web.AppKey("nodes", NodeStore)
 STATS: web.AppKey[Stats] = web.AppKey("stats", Stats)
 LOG_REQUESTS: web.AppKey[bool] = web.AppKey("log_requests", bool)
+TURNS: web.AppKey[asyncio.Semaphore] = web.AppKey("turns", asyncio.Semaphore)
 POWER: web.AppKey[PowerControl] = web.AppKey("power")
 CATALOG: web.AppKey[Catalog] = web.AppKey("catalog", Catalog)
 OPERATOR = "operator"  # request key: the authenticated operator (operator listeners only)
+TRANSFERS = 64  # files sent at once; the others wait their turn (a storm queues, not fails)
 IMAGE_FILES = ("rootfs.tar", "rootfs.squashfs", "config.json")
 METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
 
@@ -87,6 +90,7 @@ def share(
     """What the handlers of both HTTP apps (boot network, operators) find on their app."""
     app[CATALOG] = catalog
     app[POWER] = power
+    app[TURNS] = asyncio.Semaphore(TRANSFERS)
     app[POLICY] = policy
     app[NODES] = policy.nodes
     app[STATS] = stats
@@ -190,7 +194,7 @@ async def ipxe_file(request: web.Request) -> web.FileResponse:
     node = policy.node_for_fetch(request.remote or "")
     if node is not None:
         policy.nodes.mark(node, Phase.TFTP)
-    return web.FileResponse(ipxe.directory / name)
+    return QueuedFile(ipxe.directory / name)
 
 
 async def minos_file(request: web.Request) -> web.FileResponse:
@@ -200,7 +204,7 @@ async def minos_file(request: web.Request) -> web.FileResponse:
     if node is not None:
         policy.nodes.mark(node, Phase(which))
     minos = policy.config.minos
-    return web.FileResponse(minos.kernel if which == "kernel" else minos.initrd)
+    return QueuedFile(minos.kernel if which == "kernel" else minos.initrd)
 
 
 async def agent_report(request: web.Request) -> web.Response:
@@ -233,7 +237,19 @@ async def image_file(request: web.Request) -> web.StreamResponse:
     path = image.rootfs if name == "rootfs.tar" else image.squashfs
     if path is None:
         raise web.HTTPNotFound(text=f"image {digest} has no squashfs (tar2sqfs missing)\n")
-    return web.FileResponse(path)
+    return QueuedFile(path)
+
+
+class QueuedFile(web.FileResponse):
+    """A file sent in its turn: at most TRANSFERS at once per app. A thousand nodes
+    fetching 16 MB each at once held 16 GB of socket buffers against the kernel's TCP
+    memory limit, and a few transfers stalled for a minute (bench/storm.py); in turns,
+    each goes at full speed and the whole is no slower. The turn covers the headers too,
+    so a waiting client sees a slow server, never an error."""
+
+    async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
+        async with request.app[TURNS]:
+            return await super().prepare(request)
 
 
 def _check_entitled(request: web.Request, digest: str) -> None:

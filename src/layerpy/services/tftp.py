@@ -25,6 +25,7 @@ from pathlib import Path
 from layerpy.host import cannot_listen
 from layerpy.logs import Throttle
 from layerpy.proto import tftp as proto
+from layerpy.services.datagrams import deep_buffers
 from layerpy.text import printable
 
 log = logging.getLogger("layerpy.tftp")
@@ -32,7 +33,6 @@ quiet = Throttle(log)
 
 PER_CLIENT = 32  # transfers at once from one address (a PXE ROM needs one)
 TOTAL = 1024  # transfers at once in all (each holds a socket and the file open)
-RECEIVE_BUFFER = 4 << 20  # bytes of requests queued for the listen socket
 NETASCII_MAX = 1 << 20  # netascii converts the whole file: only small ones
 
 
@@ -72,20 +72,6 @@ def _socket(
         sock.close()
         raise
     return sock
-
-
-def _deep_receive_buffer(sock: socket.socket, size: int = RECEIVE_BUFFER) -> None:
-    """Room for the requests of a rack powering on at once: the kernel default holds about
-    250 and drops the rest, which PXE ROMs then wait seconds to repeat. Above
-    net.core.rmem_max only root may (SO_RCVBUFFORCE); otherwise as much as allowed."""
-    for option in (getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF):
-        if option is None:
-            continue
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, option, size)
-            return
-        except OSError:
-            continue
 
 
 class FileContent:
@@ -302,6 +288,6 @@ async def start_tftp(
         raise cannot_listen(
             "TFTP", error, port, address=address, interface=interface or ""
         ) from None
-    _deep_receive_buffer(sock)
+    deep_buffers(sock)
     await asyncio.get_running_loop().create_datagram_endpoint(lambda: server, sock=sock)
     return server

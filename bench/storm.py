@@ -1,0 +1,352 @@
+"""Boot storm: N simulated nodes power on at once (or over a window) against a real
+``layerpy serve``, and the same DHCP + TFTP + HTTP part against dnsmasq + nginx, one run.
+
+Two namespaces joined by a veth: the server's (layerpy, pinned to CPU 0) and the nodes'
+(bench/storm_client.py, one asyncio process pinned to CPU 1). Each node does what firmware,
+iPXE and the minOS do (DORA as a PXE ROM, TFTP of undionly.kpxe, DORA as iPXE, boot script,
+kernel, initrd; then DORA as the minOS, the agent's hello and heartbeats, its image with
+its token, and a report of the image active). The reference stack serves the first part
+(to the initrd) with the same files: dnsmasq (DHCP, TFTP) and nginx (HTTP), pinned to CPU 0
+too. Nothing leaves the two namespaces.
+
+Prints the time to every node ready (layerpy) and to every initrd (both stacks, and their
+ratio), p50/p99 per phase, failures and retries, the server's CPU seconds and peak RSS, and
+the bytes moved. `--kill-at S` kills the server with SIGKILL S seconds into the storm and
+starts it again at once (same state directory): every node must still get to the end,
+none with another address.
+
+Run: `.venv/bin/python bench/storm.py [--nodes 1000] [--window 0] [--kill-at S]` (as root;
+installs nginx-light if missing, disabled at boot and never started outside the bench's
+namespace). N is a multiple of 250.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from netns import Netns  # noqa: E402
+from oci import build_image  # noqa: E402
+
+LAYERPY = ROOT / ".venv" / "bin" / "layerpy"
+PYTHON = ROOT / ".venv" / "bin" / "python"
+CLIENT = Path(__file__).with_name("storm_client.py")
+SERVER = "10.80.0.1"
+IPXE = Path("/usr/lib/ipxe")
+PHASES = ("dhcp", "tftp", "dhcp_ipxe", "script", "kernel", "initrd", "dhcp_os", "hello",
+          "ready", "image", "active")  # fmt: skip
+SERVER_CPU, CLIENT_CPU = "0", "1"
+
+
+def mac(index: int) -> str:
+    return ":".join(f"{b:02x}" for b in (0x525401000000 + index).to_bytes(6))
+
+
+def ip(index: int) -> str:
+    return f"10.81.{index // 250}.{index % 250 + 1}"
+
+
+class Pair:
+    """The server's namespace and the nodes', joined by s0 <-> c0."""
+
+    def __init__(self) -> None:
+        self.server, self.nodes = Netns("lpstS"), Netns("lpstC")
+        subprocess.run(["ip", "link", "add", "s0", "netns", self.server.name, "type", "veth",
+                        "peer", "name", "c0", "netns", self.nodes.name], check=True)  # fmt: skip
+        for ns, dev in ((self.server, "s0"), (self.nodes, "c0")):
+            ns.run("ip", "link", "set", "lo", "up")
+            ns.run("ip", "link", "set", dev, "up")
+        self.server.run("ip", "addr", "add", f"{SERVER}/15", "dev", "s0")
+        # every node address is the nodes' namespace's own (and answers ARP on c0)
+        self.nodes.run("ip", "route", "add", "local", "10.81.0.0/16", "dev", "lo")
+        self.nodes.run("ip", "route", "add", "10.80.0.0/16", "dev", "c0")
+
+    def close(self) -> None:
+        self.nodes.close()
+        self.server.close()
+
+
+def files(directory: Path) -> tuple[Path, Path]:
+    """The minOS kernel and initrd (the built ones, else stand-ins of their size)."""
+    built = ROOT / "minos" / "out"
+    kernel, initrd = directory / "vmlinuz", directory / "initrd"
+    if (built / "vmlinuz").exists() and (built / "initrd").exists():
+        shutil.copy(built / "vmlinuz", kernel)
+        shutil.copy((built / "initrd").resolve(), initrd)
+    else:
+        kernel.write_bytes(os.urandom(8_247_232))
+        initrd.write_bytes(os.urandom(8_823_021))
+    return kernel, initrd
+
+
+def node_list(directory: Path, count: int) -> Path:
+    path = directory / "nodes.txt"
+    path.write_text("".join(f"sn{i + 1:05d} {mac(i)}\n" for i in range(count)))
+    return path
+
+
+def layerpy_config(directory: Path, count: int) -> Path:
+    build_image(directory / "tiny", "tiny", "storm")
+    path = directory / "nodes.toml"
+    path.write_text(f"""\
+[server]
+interface = "s0"
+address = "{SERVER}"
+state_dir = "state"
+dhcp_probe = 0
+heartbeat = 10
+
+[network]
+subnet = "10.80.0.0/15"
+lease_time = 3600
+
+[minos]
+kernel = "vmlinuz"
+initrd = "initrd"
+cmdline = "console=ttyS0"
+
+[ipxe]
+dir = "{IPXE}"
+
+[images.tiny]
+source = "oci-layout:tiny:latest"
+
+[groups.storm]
+nodes = "sn[00001-{count:05d}]"
+ip = "10.81.[0-{count // 250 - 1}].[1-250]"
+mac = "{mac(0)}-{mac(count - 1)}"
+image = "tiny"
+""")
+    return path
+
+
+def reference(pair: Pair, directory: Path, count: int, kernel: Path, initrd: Path) -> list:
+    """dnsmasq + nginx serving the same boot, pinned as layerpy is; their processes."""
+    www = directory / "www"
+    www.mkdir()
+    shutil.copy(kernel, www / "vmlinuz")
+    shutil.copy(initrd, www / "initrd")
+    (www / "boot.ipxe").write_text(f"#!ipxe\nkernel http://{SERVER}:8080/vmlinuz console=ttyS0\n"
+                                   f"initrd http://{SERVER}:8080/initrd\nboot\n")  # fmt: skip
+    hosts = directory / "dhcp-hosts"
+    hosts.write_text("".join(f"{mac(i)},{ip(i)}\n" for i in range(count)))
+    conf = directory / "dnsmasq.conf"
+    conf.write_text(f"""\
+port=0
+interface=s0
+bind-interfaces
+dhcp-authoritative
+dhcp-range=10.81.0.0,static,255.254.0.0,1h
+dhcp-hostsfile={hosts}
+dhcp-leasefile={directory}/dnsmasq.leases
+dhcp-match=set:ipxe,77,"iPXE"
+dhcp-boot=tag:!ipxe,undionly.kpxe
+dhcp-boot=tag:ipxe,http://{SERVER}:8080/boot.ipxe
+enable-tftp
+tftp-root={IPXE}
+tftp-max=2000
+pid-file={directory}/dnsmasq.pid
+user=root
+""")
+    nginx = directory / "nginx.conf"
+    nginx.write_text(f"""\
+worker_processes 1;
+user root;
+daemon off;
+pid {directory}/nginx.pid;
+error_log {directory}/nginx.err;
+events {{ worker_connections 8192; }}
+http {{
+  access_log off;
+  sendfile on;
+  keepalive_requests 1000;
+  client_body_temp_path {directory}/nginx-tmp;
+  server {{ listen {SERVER}:8080; root {www}; }}
+}}
+""")
+    pin = ["taskset", "-c", SERVER_CPU]
+    log = (directory / "reference.log").open("wb")
+    return [
+        pair.server.popen([*pin, "dnsmasq", "-k", f"--conf-file={conf}"], stdout=log, stderr=log),
+        pair.server.popen([*pin, "nginx", "-c", str(nginx)], stdout=log, stderr=log),
+    ]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and its children that were waited for."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def storm(pair: Pair, directory: Path, listing: Path, args: argparse.Namespace,
+          until: str, serve: list[str] | None = None) -> dict:  # fmt: skip
+    """The simulated nodes against whatever serves; with `serve` (layerpy), kill -9 and
+    restart it at --kill-at. Returns the client's report and the server's figures."""
+    command = ["taskset", "-c", CLIENT_CPU, str(PYTHON), str(CLIENT), "--server", SERVER,
+               "--interface", "c0", "--nodes", str(listing), "--window", str(args.window),
+               "--until", until]  # fmt: skip
+    out = directory / f"client-{until}.json"
+    with out.open("wb") as sink:
+        client = pair.nodes.popen(command, stdout=sink, stderr=subprocess.PIPE)
+    killed = None
+    if serve is not None and args.kill_at is not None:
+        time.sleep(args.kill_at)
+        args.cpu_of_killed = cpu_seconds(args.server_process.pid)  # gone with it, else
+        args.server_process.send_signal(signal.SIGKILL)
+        args.server_process.wait()
+        args.server_process = start_layerpy(pair, directory, serve)
+        killed = args.kill_at
+    client.wait(timeout=1800)
+    error = client.stderr.read().decode() if client.stderr else ""
+    if client.returncode:
+        sys.exit(f"the simulated nodes failed: {error[-3000:]}")
+    report = json.loads(out.read_text())
+    report["killed_at"] = killed
+    return report
+
+
+def start_layerpy(pair: Pair, directory: Path, command: list[str]) -> subprocess.Popen:
+    path = directory / "serve.log"
+    start = path.stat().st_size if path.exists() else 0  # a restart appends
+    log = path.open("ab")
+    process = pair.server.popen(command, stdout=log, stderr=log)
+    deadline = time.monotonic() + 120
+    while b"layerpy.server: serving" not in path.read_bytes()[start:]:
+        if process.poll() is not None or time.monotonic() > deadline:
+            sys.exit(f"layerpy serve did not start: {path.read_text()[-3000:]}")
+        time.sleep(0.1)
+    return process
+
+
+def summary(report: dict, phases: tuple[str, ...]) -> dict:
+    nodes = report["nodes"]
+    failed = [n for n in nodes if n["error"]]
+    per_phase = {}
+    for phase in phases:
+        times = sorted(n["phases"][phase] for n in nodes if phase in n["phases"])
+        if times:
+            per_phase[phase] = (statistics.median(times), times[int(len(times) * 0.99) - 1 or 0],
+                                times[-1], len(times))  # fmt: skip
+    retries: dict[str, int] = {}
+    for node in nodes:
+        for what, count in node["retries"].items():
+            retries[what] = retries.get(what, 0) + count
+    moved = [n["name"] for n in nodes if len(n["addresses"]) > 1]
+    return {"phases": per_phase, "failed": failed, "retries": retries, "moved": moved,
+            "bytes": sum(n["bytes"] for n in nodes)}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--window", type=float, default=0.0, help="arrivals spread over s")
+    parser.add_argument("--kill-at", type=float, help="kill -9 and restart layerpy then")
+    parser.add_argument("--no-reference", action="store_true")
+    parser.add_argument("--keep", action="store_true", help="keep the logs (the path is said)")
+    args = parser.parse_args()
+    if args.nodes % 250:
+        sys.exit("--nodes must be a multiple of 250")
+    if not args.no_reference and not shutil.which("nginx"):
+        subprocess.run([str(ROOT / "vm-lab" / "install-packages.sh"), "nginx-light"], check=True)
+    directory = Path(tempfile.mkdtemp(prefix="layerpy-storm-"))
+    kernel, initrd = files(directory)
+    listing = node_list(directory, args.nodes)
+    results: dict[str, dict] = {}
+    pair = Pair()
+    try:
+        if not args.no_reference:
+            servers = reference(pair, directory, args.nodes, kernel, initrd)
+            time.sleep(1)  # dnsmasq and nginx bind at once; a second is plenty
+            before = sum(cpu_seconds(p.pid) for p in servers)
+            began = time.monotonic()
+            report = storm(pair, directory, listing, args, "initrd")
+            results["reference"] = summary(report, PHASES[:6]) | {
+                "cpu": sum(cpu_seconds(p.pid) for p in servers) - before,
+                "rss": sum(peak_rss(p.pid) for p in servers),
+                "wall": time.monotonic() - began,
+            }
+            for process in servers:  # TERM: nginx's master takes its worker with it
+                process.terminate()
+                process.wait(30)
+        config = layerpy_config(directory, args.nodes)
+        command = ["taskset", "-c", SERVER_CPU, str(LAYERPY), "serve", "-c", str(config)]
+        args.server_process = start_layerpy(pair, directory, command)
+        deadline = time.monotonic() + 120
+        while b"tiny" not in (directory / "serve.log").read_bytes() or not list(
+            (directory / "state" / "images").rglob("rootfs.squashfs")
+        ):
+            if time.monotonic() > deadline:
+                sys.exit("the image was not pulled in 120 s")
+            time.sleep(0.2)
+        before = cpu_seconds(args.server_process.pid)
+        began = time.monotonic()
+        report = storm(pair, directory, listing, args, "active", command)
+        server = args.server_process
+        results["layerpy"] = summary(report, PHASES) | {
+            "cpu": cpu_seconds(server.pid) + getattr(args, "cpu_of_killed", 0.0) - before,
+            "rss": peak_rss(server.pid),
+            "wall": time.monotonic() - began,
+            "killed_at": report["killed_at"],
+        }
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+    finally:
+        pair.close()
+    show(args, results)
+    if args.keep:
+        print(f"logs and reports kept in {directory}")
+    else:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def show(args: argparse.Namespace, results: dict[str, dict]) -> None:
+    how = f"over {args.window:g} s" if args.window else "all at once"
+    print(
+        f"boot storm: {args.nodes} simulated nodes, arriving {how}; servers on CPU "
+        f"{SERVER_CPU}, nodes on CPU {CLIENT_CPU}"
+    )
+    for stack, result in results.items():
+        print(f"\n{stack}: {len(result['failed'])} failed, retries {result['retries'] or 0}, "
+              f"server CPU {result['cpu']:.1f} s, peak RSS {result['rss']:.0f} MB, "
+              f"{result['bytes'] / 1e9:.2f} GB moved")  # fmt: skip
+        if result.get("killed_at") is not None:
+            print(
+                f"  layerpy killed (SIGKILL) and restarted at {result['killed_at']:g} s; "
+                f"nodes whose address changed: {len(result['moved'])}"
+            )
+        print(f"  {'phase':<10} {'p50 s':>7} {'p99 s':>7} {'last s':>7} {'nodes':>6}")
+        for phase, (p50, p99, last, done) in result["phases"].items():
+            print(f"  {phase:<10} {p50:7.2f} {p99:7.2f} {last:7.2f} {done:>6}")
+        for node in result["failed"][:5]:
+            print(f"  failed: {node['name']}: {node['error']}")
+    if "reference" in results and "initrd" in results["layerpy"]["phases"]:
+        ours = results["layerpy"]["phases"]["initrd"][2]
+        theirs = results["reference"]["phases"]["initrd"][2]
+        print(
+            f"\nevery initrd fetched: layerpy {ours:.1f} s, dnsmasq + nginx {theirs:.1f} s: "
+            f"ratio {ours / theirs:.2f}; layerpy to every image active "
+            f"{results['layerpy']['phases'].get('active', (0, 0, float('nan')))[2]:.1f} s"
+        )
+
+
+if __name__ == "__main__":
+    main()
