@@ -17,6 +17,16 @@ A slow or late BMC, as real ones are (they answer in seconds and take 90-200 s t
 handled at once, in order, so the BMC's state moves as soon as a request arrives), and
 ``--start-after S`` keeps both ports closed for S seconds after the process starts.
 
+Serial-over-LAN: one SOL payload (instance 1) bridged to the VM's serial line, QEMU's chardev
+socket (``--console``). The BMC connects to it only while a payload is active: QEMU serves
+one client at a time, and others use that socket too: the lab types into it (``Vm.type``),
+and a layerpy may capture the console from it (so a lab captures through SOL or through the
+socket, not both). A second activation is refused with 0x80 (payload already active on another
+session), as real BMCs do, until the first session deactivates it, logs out or is silent
+for ``SOL_IDLE`` seconds; any session may deactivate it (what ``ipmitool sol deactivate``
+and pyghmi's ``force`` do). Get Payload Instance Info answers who holds it: pyghmi's
+console asks it as its keepalive and ends when the answer is not its own session.
+
 Runs inside the lab namespace, one process per VM (``start_bmc`` below). The password comes
 from a file, never the command line.
 """
@@ -29,8 +39,10 @@ import contextlib
 import heapq
 import itertools
 import json
+import queue
 import secrets
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -40,6 +52,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from pyghmi.ipmi import console as pyghmi_console
 from pyghmi.ipmi.bmc import Bmc
 from pyghmi.ipmi.private import serversession
 from pyghmi.ipmi.private import session as pyghmi_session
@@ -49,6 +62,13 @@ BMC_DEVICE = "bmc0"  # a port-less bridge in the lab namespace holding every BMC
 OFF_STATES = {"prelaunch", "shutdown"}  # QEMU run states of a machine that is not powered
 RESET_TYPES = ("On", "ForceOff", "ForceRestart", "PowerCycle")
 NO_CIPHER_SUITE = 0x11  # RMCP+ status: no cipher suite match with proposed algorithms
+SOL_PAYLOAD = 1  # IPMI payload type of Serial-over-LAN
+SOL_CHUNK = 255  # characters per SOL packet, each way: acknowledgements count them in a byte
+SOL_TICK = 0.02  # seconds between looks at the serial line while SOL is active
+SOL_IDLE = 60.0  # seconds without a packet from the SOL session before its payload is freed
+# (as a real BMC's session timeout: ipmitool sends a keepalive every 15 s, layerpy probes)
+RECONNECT_EVERY = 0.5  # seconds between attempts to reach the VM's serial socket
+PAYLOAD_ACTIVE, PAYLOAD_DISABLED, INVALID_DATA = 0x80, 0x81, 0xCC  # completion codes
 
 
 def qmp(path: Path, *commands: str) -> list[Any]:
@@ -110,6 +130,20 @@ class Suite3Session(serversession.ServerSession):
             return super().create_open_session_response(request)
         return bytearray([request[0], NO_CIPHER_SUITE, 0, 0]) + request[4:8]
 
+    def __init__(self, *args: Any) -> None:
+        self.heard = time.monotonic()  # the last packet from the client (SOL_IDLE)
+        self._customkeepalives = None  # pyghmi's console looks for it when its client goes
+        super().__init__(*args)
+
+    def process_pktqueue(self) -> None:
+        if self.pktqueue:
+            self.heard = time.monotonic()
+        super().process_pktqueue()
+
+    def close_server_session(self) -> None:
+        """pyghmi's hook for a client's logout: its SOL payload ends with it."""
+        self.bmc.session_closed(self)
+
     def sessionless_data(self, data: bytes, sockaddr: Any) -> None:
         """Packets still queued here when pyghmi drops the session (a client logging in
         again from the same UDP port) go to the BMC: pyghmi calls this method, which its
@@ -128,16 +162,111 @@ class Suite3Bmc(Bmc):
             Suite3Session(*args, self)
 
 
-class QemuBmc(Suite3Bmc):
-    """One VM's BMC: power and boot override over IPMI, shared with the Redfish endpoint."""
+def peer(session: Suite3Session) -> str:
+    """The client's address and port, which tell its sessions apart in the log."""
+    return f"{session.sockaddr[0]}:{session.sockaddr[1]}"
 
-    def __init__(self, qmp_path: Path, user: str, password: str, address: str, port: int) -> None:
+
+class SerialBridge:
+    """The VM's serial socket while an SOL payload is active, reconnected should QEMU restart.
+
+    A thread of its own reads it into a queue that the BMC's loop empties: pyghmi's sessions
+    are not thread-safe, so only that loop sends SOL packets.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.printed: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+        self.lock = threading.Lock()  # the socket between this thread and the BMC's loop
+        self.closed = threading.Event()
+        # at once: what the client types right after activating would otherwise be lost
+        self.sock: socket.socket | None = self.connect()
+        threading.Thread(target=self.run, name="serial", daemon=True).start()
+
+    def connect(self) -> socket.socket | None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(1)  # QEMU serves one client: a full backlog would block connect()
+        try:
+            sock.connect(str(self.path))
+        except OSError:
+            sock.close()
+            return None
+        sock.settimeout(None)
+        print(f"sol: serial line {self.path} connected", flush=True)
+        return sock
+
+    def run(self) -> None:
+        sock = self.sock
+        while not self.closed.is_set():
+            if sock is None:  # the VM is not running (yet, or again)
+                self.closed.wait(RECONNECT_EVERY)
+                sock = self.connect()
+                with self.lock:
+                    if self.closed.is_set() and sock is not None:
+                        sock.close()
+                        return
+                    self.sock = sock
+                continue
+            with contextlib.suppress(OSError):
+                while data := sock.recv(4096):
+                    self.printed.put(data)
+            with self.lock:
+                self.sock = None
+                sock.close()
+            sock = None
+
+    def take(self) -> bytes:
+        """All the VM printed since the last call."""
+        chunks = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                chunks.append(self.printed.get_nowait())
+        return b"".join(chunks)
+
+    def write(self, data: bytes) -> None:
+        """Typed text to the VM; what a VM that does not read cannot take is dropped, as a
+        UART's receive FIFO overruns, rather than holding up the BMC."""
+        with self.lock:
+            if self.sock is not None:
+                with contextlib.suppress(OSError):
+                    self.sock.send(data, socket.MSG_DONTWAIT)
+
+    def close(self) -> None:
+        self.closed.set()
+        with self.lock:
+            if self.sock is not None:
+                with contextlib.suppress(OSError):
+                    self.sock.shutdown(socket.SHUT_RDWR)  # ends the reader's recv()
+
+
+class QemuBmc(Suite3Bmc):
+    """One VM's BMC: power and boot override over IPMI, shared with the Redfish endpoint;
+    Serial-over-LAN to the VM's serial socket `console_path` (refused without one)."""
+
+    def __init__(
+        self,
+        qmp_path: Path,
+        user: str,
+        password: str,
+        address: str,
+        port: int,
+        console_path: Path | None = None,
+        sol_idle: float = SOL_IDLE,
+    ) -> None:
         super().__init__({user: password}, port=port, address=address)
+        # pyghmi ends a wait early (the loop's short ones while SOL is active) with a packet
+        # to its socket at `myself`, the loopback, which a socket bound to the BMC's address
+        # never receives: each wait lasted until the next packet from a client
+        pyghmi_session.myself = address
         self.qmp_path = qmp_path
         self.lock = threading.Lock()  # IPMI runs in the main thread, Redfish in others
         (status,) = qmp(qmp_path, "query-status")
         self.powered = status["status"] not in OFF_STATES
         self.boot_target = "None"  # Redfish names: "None" or "Pxe"
+        self.console_path, self.sol_idle = console_path, sol_idle
+        self.sol: pyghmi_console.ServerConsole | None = None  # these three while SOL is active
+        self.sol_session: Suite3Session | None = None
+        self.bridge: SerialBridge | None = None
 
     # --- the power model, shared by both protocols ---------------------------------------
 
@@ -176,6 +305,80 @@ class QemuBmc(Suite3Bmc):
 
     def get_system_guid(self) -> uuid.UUID:
         return self.uuid
+
+    # --- Serial-over-LAN (see the module doc) --------------------------------------------
+
+    def serve(self) -> None:
+        """pyghmi's loop (``Bmc.listen``), also sending what the VM printed while SOL is
+        active."""
+        while True:
+            pyghmi_session.Session.wait_for_rsp(SOL_TICK if self.sol else 30)
+            if self.sol is not None:
+                self.pump_sol()
+
+    def pump_sol(self) -> None:
+        assert self.sol is not None and self.sol_session is not None and self.bridge
+        if time.monotonic() - self.sol_session.heard > self.sol_idle:
+            return self.release_sol(f"the session was silent for {self.sol_idle:g} s")
+        sol, printed = self.sol, self.bridge.take()
+        for start in range(0, len(printed), SOL_CHUNK):
+            if self.sol is not sol or sol.broken:  # released while it waited for an ack
+                return
+            sol.send_data(printed[start : start + SOL_CHUNK])  # returns once acknowledged
+
+    def is_active(self) -> bool:
+        return True  # SOL works whether the machine is on or off, as on real BMCs
+
+    def activate_payload(self, request: dict[str, Any], session: Suite3Session) -> None:
+        data = request["data"]
+        if self.console_path is None:
+            return session.send_ipmi_response(code=PAYLOAD_DISABLED)
+        if len(data) < 2 or (data[0], data[1]) != (SOL_PAYLOAD, 1):
+            return session.send_ipmi_response(code=INVALID_DATA)
+        if self.sol is not None:
+            return session.send_ipmi_response(code=PAYLOAD_ACTIVE)
+        # pyghmi's answer gives the sizes as 1 and the port big-endian: ipmitool reads a
+        # little-endian port, and pyghmi's client would send one character per packet
+        size, port = list(struct.pack("<H", SOL_CHUNK)), list(struct.pack("<H", self.port))
+        session.send_ipmi_response(data=[0, 0, 0, 0, *size, *size, *port, 0xFF, 0xFF])
+        self.sol_session, self.bridge = session, SerialBridge(self.console_path)
+        self.sol = pyghmi_console.ServerConsole(session, lambda data: self.typed(session, data))
+        self.sol.maxoutcount = SOL_CHUNK  # pyghmi's 256 overflows the client's ack count
+        print(f"sol: activated by the session of {peer(session)}", flush=True)
+
+    def deactivate_payload(self, request: dict[str, Any], session: Suite3Session) -> None:
+        if self.sol is None:
+            return session.send_ipmi_response(code=PAYLOAD_ACTIVE)  # "already deactivated"
+        session.send_ipmi_response()
+        self.release_sol(f"deactivated by the session of {peer(session)}")
+
+    def handle_raw_request(self, request: dict[str, Any], session: Suite3Session) -> None:
+        if (request["netfn"], request["command"]) == (6, 0x4B):  # get payload instance info
+            owner = self.sol_session.managedsessionid if self.sol_session else bytes(4)
+            return session.send_ipmi_response(data=[*owner, *bytes(8)])
+        super().handle_raw_request(request, session)
+
+    def typed(self, session: Suite3Session, data: bytes | dict[str, Any]) -> None:
+        """What `session`'s SOL client typed, or (a dict) its console's failure: the client
+        stopped acknowledging. A session whose payload was released may still send."""
+        if session is not self.sol_session:
+            return
+        if isinstance(data, dict):
+            self.release_sol(f"the client stopped answering ({data})")
+        elif self.bridge is not None:
+            self.bridge.write(data)
+
+    def session_closed(self, session: Suite3Session) -> None:
+        if session is self.sol_session:
+            self.release_sol("its session logged out")
+
+    def release_sol(self, why: str) -> None:
+        if self.sol is None or self.bridge is None:
+            return
+        print(f"sol: released: {why}", flush=True)
+        self.sol.close()  # its client's next packet is answered "deactivated"
+        self.bridge.close()
+        self.sol = self.sol_session = self.bridge = None
 
 
 # --- Redfish -------------------------------------------------------------------------------
@@ -372,17 +575,21 @@ def start_bmc(
     timeout: float = 15,
     delay: float = 0.0,
     start_after: float = 0.0,
+    sol_idle: float = SOL_IDLE,
 ) -> subprocess.Popen:
     """Start the BMC of lab VM `vm_name` at `address` inside the lab's namespace.
 
     The address goes on ``bmc0``, a bridge without ports created on first use (this kernel
     has no dummy interfaces): an out-of-band network reachable only from inside the
     namespace. Returns once the BMC listens on both ports; its log is
-    ``<run_dir>/<vm_name>.bmc.log``. The interpreter is this one: it needs pyghmi.
+    ``<run_dir>/<vm_name>.bmc.log``. The interpreter is this one: it needs pyghmi. SOL goes
+    to the VM's serial socket, ``<run_dir>/<vm_name>.console`` as ``lab.qemu_command``
+    names it.
 
     `delay` makes every answer that many seconds late. With `start_after`, the BMC opens
     its ports only that many seconds from now (a BMC still resetting): this returns once
     the process runs, with the address already up and nothing listening behind it.
+    `sol_idle` is how long a silent SOL session keeps the payload.
     """
     if lab.run(["ip", "link", "show", BMC_DEVICE], check=False).returncode:
         lab.run(["ip", "link", "add", BMC_DEVICE, "type", "bridge"])
@@ -393,9 +600,11 @@ def start_bmc(
     log = lab.run_dir / f"{vm_name}.bmc.log"
     start = log.stat().st_size if log.exists() else 0
     cmd = [sys.executable, str(HERE / "bmc.py"), "--qmp", str(lab.run_dir / f"{vm_name}.qmp")]
+    cmd += ["--console", str(lab.run_dir / f"{vm_name}.console")]  # as qemu_command makes it
     cmd += ["--address", address, "--ipmi-port", str(ipmi_port)]
     cmd += ["--redfish-port", str(redfish_port), "--user", user]
     cmd += ["--delay", str(delay), "--start-after", str(start_after)]
+    cmd += ["--sol-idle", str(sol_idle)]
     proc = lab.popen([*cmd, "--password-file", str(password_file)], log=log)
     deadline = time.monotonic() + timeout
     awaited = b"bmc starting" if start_after else b"bmc ready"
@@ -409,6 +618,7 @@ def start_bmc(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--qmp", type=Path, required=True, help="the VM's QMP unix socket")
+    parser.add_argument("--console", type=Path, help="the VM's serial socket, for SOL")
     parser.add_argument("--address", required=True, help="IP address to serve on")
     parser.add_argument("--ipmi-port", type=int, default=623)
     parser.add_argument("--redfish-port", type=int, default=8000)
@@ -416,13 +626,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--password-file", type=Path, required=True)
     parser.add_argument("--delay", type=float, default=0.0, help="seconds to hold each answer")
     parser.add_argument("--start-after", type=float, default=0.0, help="seconds before listening")
+    parser.add_argument("--sol-idle", type=float, default=SOL_IDLE, help="SOL session timeout")
     args = parser.parse_args(argv)
     password = args.password_file.read_text().strip()
     print(f"bmc starting: listening in {args.start_after:g} s, delay {args.delay:g} s", flush=True)
     time.sleep(args.start_after)
     if args.delay > 0:
         DelayedSender(args.delay)
-    bmc = QemuBmc(args.qmp, args.user, password, args.address, args.ipmi_port)
+    bmc = QemuBmc(
+        args.qmp, args.user, password, args.address, args.ipmi_port, args.console, args.sol_idle
+    )
     redfish = RedfishServer((args.address, args.redfish_port), bmc, args.delay)
     threading.Thread(target=redfish.serve_forever, daemon=True).start()
     state = bmc.get_power_state()
@@ -431,7 +644,7 @@ def main(argv: list[str] | None = None) -> int:
         f"power {state}",
         flush=True,
     )
-    bmc.listen()
+    bmc.serve()
     return 0
 
 
