@@ -67,7 +67,8 @@ class SerialLine:
         self.events: list[str] = []  # what happened when, for the messages of failed waits
         self.received = bytearray()
         self.changed = threading.Condition()
-        threading.Thread(target=self._serve, daemon=True).start()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
 
     def _serve(self) -> None:
         while True:
@@ -117,11 +118,15 @@ class SerialLine:
         self.wait(lambda: text in self.received, f"{text!r} typed on the serial line")
 
     def close(self) -> None:
-        self.server.shutdown(socket.SHUT_RDWR)  # ends the accept() under way: close() does not
-        self.server.close()
+        """The thread ends before the socket closes: an accept() under way, or about to
+        start, would otherwise take a connection of the next test's serial line, which
+        gets the same descriptor number."""
+        self.server.shutdown(socket.SHUT_RDWR)  # ends accept(); close() would not
         with self.changed:
             if self.client is not None:
                 self.client.shutdown(socket.SHUT_RDWR)
+        self.thread.join(WAIT)
+        self.server.close()
         self.path.unlink(missing_ok=True)
 
 
@@ -136,7 +141,8 @@ class Ipmitool:
         os.close(slave)
         self.output = bytearray()
         self.changed = threading.Condition()
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self) -> None:
         while True:
@@ -159,11 +165,13 @@ class Ipmitool:
         os.write(self.master, text)
 
     def close(self) -> int:
-        """End it with ``~.`` (it then deactivates the payload); its exit code."""
+        """End it with ``~.`` (it then deactivates the payload); its exit code. The pty is
+        closed once its reader has stopped reading that descriptor number."""
         self.type(b"\r~.")
         try:
             return self.proc.wait(WAIT)
         finally:
+            self.reader.join(WAIT)
             os.close(self.master)
 
 
