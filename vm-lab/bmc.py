@@ -335,12 +335,17 @@ class QemuBmc(Suite3Bmc):
             return session.send_ipmi_response(code=PAYLOAD_DISABLED)
         if len(data) < 2 or (data[0], data[1]) != (SOL_PAYLOAD, 1):
             return session.send_ipmi_response(code=INVALID_DATA)
-        if self.sol is not None:
-            return session.send_ipmi_response(code=PAYLOAD_ACTIVE)
         # pyghmi's answer gives the sizes as 1 and the port big-endian: ipmitool reads a
         # little-endian port, and pyghmi's client would send one character per packet
         size, port = list(struct.pack("<H", SOL_CHUNK)), list(struct.pack("<H", self.port))
-        session.send_ipmi_response(data=[0, 0, 0, 0, *size, *size, *port, 0xFF, 0xFF])
+        answer = [0, 0, 0, 0, *size, *size, *port, 0xFF, 0xFF]
+        if self.sol is not None and session is self.sol_session:
+            # a client that resent its activation (our answer was late: a busy machine) gets
+            # the same answer again, not "active on another session", which ended it
+            return session.send_ipmi_response(data=answer)
+        if self.sol is not None:
+            return session.send_ipmi_response(code=PAYLOAD_ACTIVE)
+        session.send_ipmi_response(data=answer)
         self.sol_session, self.bridge = session, SerialBridge(self.console_path)
         self.sol = pyghmi_console.ServerConsole(session, lambda data: self.typed(session, data))
         self.sol.maxoutcount = SOL_CHUNK  # pyghmi's 256 overflows the client's ack count
