@@ -30,10 +30,12 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from ipaddress import IPv4Address
 
+from layerpy.proto import dhcp
 from layerpy.proto.agent import PROTOCOL, Identity, node_authorization
 
-MAGIC = b"\x63\x82\x53\x63"
+ZERO = IPv4Address(0)
 DISCOVER, OFFER, REQUEST, ACK, NAK = 1, 2, 3, 5, 6
 DHCP_TRIES = (4.0, 8.0, 16.0, 32.0)  # a PXE ROM's waits
 TFTP_TIMEOUT, TFTP_TRIES = 1.0, 6
@@ -64,32 +66,26 @@ class Node:
 
 
 def dhcp_packet(kind: int, node: Node, xid: int, options: dict[int, bytes]) -> bytes:
-    addresses = (bytes(4),) * 4  # ciaddr, yiaddr, siaddr, giaddr
-    head = struct.pack("!BBBBIHH4s4s4s4s16s64s128s", 1, 1, 6, 0, xid, 0, 0x8000, *addresses,
-                       node.mac.ljust(16, b"\0"), b"", b"")  # fmt: skip
-    body = bytes([53, 1, kind])
-    for code, value in options.items():
-        body += bytes([code, len(value)]) + value
-    return head + MAGIC + body + b"\xff"
+    """A client's message with the broadcast flag, as PXE ROMs send it."""
+    packet = dhcp.DhcpPacket(1, 1, 6, 0, xid, 0, 0x8000, ZERO, ZERO, ZERO, ZERO,
+                             node.mac.ljust(16, b"\0"), bytes(64), bytes(128),
+                             {dhcp.OPT_MESSAGE_TYPE: bytes((kind,)), **options})  # fmt: skip
+    return dhcp.encode(packet)
 
 
 def dhcp_reply(data: bytes) -> tuple[int, int, str, dict[int, bytes]] | None:
-    """(xid, message type, yiaddr, options) of a server's reply."""
-    if len(data) < 240 or data[0] != 2 or data[236:240] != MAGIC:
+    """(xid, message type, yiaddr, options) of a server's reply; the boot file as option
+    67, from BOOTP's own field when the server put it there (dnsmasq does)."""
+    try:
+        reply = dhcp.decode(data)
+    except dhcp.DhcpError:
         return None
-    xid = struct.unpack("!I", data[4:8])[0]
-    yiaddr = socket.inet_ntoa(data[16:20])
-    options, pos = {}, 240
-    while pos < len(data) and data[pos] != 255:
-        if data[pos] == 0:
-            pos += 1
-            continue
-        options[data[pos]] = data[pos + 2 : pos + 2 + data[pos + 1]]
-        pos += 2 + data[pos + 1]
-    kind = options.get(53, b"\0")[0]
-    if 67 not in options and data[108] != 0:  # the boot file in BOOTP's own field (dnsmasq)
-        options[67] = data[108:236].split(b"\0", 1)[0]
-    return xid, kind, yiaddr, options
+    if reply.op != 2 or reply.message_type is None:
+        return None
+    options = dict(reply.options)
+    if 67 not in options and reply.file.strip(b"\0"):
+        options[67] = reply.file.split(b"\0", 1)[0]
+    return reply.xid, reply.message_type, str(reply.yiaddr), options
 
 
 class Dhcp(asyncio.DatagramProtocol):
