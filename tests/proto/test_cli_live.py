@@ -22,18 +22,12 @@ from pathlib import Path
 import pytest
 from test_live import SerialLine, ready, wait_for
 
-from test_http import LAYERPY, Host, api, boot_token, report, serving
+from test_http import LAYERPY, Host, api, boot_token, report
 
 pytestmark = pytest.mark.netns
 
 HOSTILE = "[bold red]pwned[/] \x1b]0;title\x07\x1b[2J"
 TIME = re.compile(r"^\d\d:\d\d:\d\d\.\d{3} ")
-
-
-@pytest.fixture(name="host")
-def served(make_config, tmp_path: Path) -> Iterator[Host]:
-    with serving(make_config(server="10.66.0.1", interface="d0"), tmp_path) as host:
-        yield host
 
 
 def cli(host: Host, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -259,18 +253,6 @@ def test_status_watch_waits_for_a_server(host: Host, tmp_path: Path) -> None:
         wait_for(lambda: "trying again every 2 s" in out.read_text(), 20, "the view of no server")
         assert "no layerpy API socket at" in out.read_text()
         assert interrupted(w) == 0
-
-
-@pytest.fixture
-def console_host(make_config, tmp_path: Path) -> Iterator[tuple[Host, SerialLine]]:
-    line = SerialLine(tmp_path / "cn001.console")
-    bmc = f'bmc = {{ driver = "none", console = "{tmp_path}/{{node}}.console" }}\n'
-    try:
-        with serving(make_config(server="10.66.0.1", interface="d0", bmc=bmc), tmp_path) as host:
-            wait_for(lambda: line.peer is not None, 20, "the server on cn001's console")
-            yield host, line
-    finally:
-        line.close()
 
 
 def test_console_log_prints_the_tail_without_harmful_escapes(

@@ -19,12 +19,6 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboard"
 HOSTILE = "<img src=x onerror=\"document.title='pwned'\">"
 
 
-@pytest.fixture(name="host")
-def served(make_config, tmp_path: Path) -> Iterator[Host]:
-    with serving(make_config(server="10.66.0.1", interface="d0"), tmp_path) as host:
-        yield host
-
-
 @pytest.fixture
 def browser(host: Host, tmp_path: Path) -> Iterator[Browser]:
     opened = Browser(host.ns.name, tmp_path / "profile", tmp_path / "chromium.log")

@@ -61,12 +61,6 @@ def serving(config: Config, tmp_path: Path, *options: str) -> Iterator[Host]:
         ns.close()
 
 
-@pytest.fixture
-def host(make_config, tmp_path: Path) -> Iterator[Host]:
-    with serving(make_config(server="10.66.0.1", interface="d0"), tmp_path) as served:
-        yield served
-
-
 def curl(host: Host, *args: str, source: str = "10.66.0.99") -> tuple[int, str]:
     """A request on the boot network, from `source`."""
     result = host.ns.run("curl", "-s", "--interface", source, "-w", "\n%{http_code}", *args)

@@ -25,12 +25,6 @@ pytestmark = pytest.mark.netns
 PANIC = b"[   12.345678] Kernel panic - not syncing: VFS: Unable to mount root fs\r\n"
 
 
-@pytest.fixture(name="host")
-def served(make_config, tmp_path: Path) -> Iterator[Host]:
-    with serving(make_config(server="10.66.0.1", interface="d0"), tmp_path) as host:
-        yield host
-
-
 def ready(host: Host) -> None:
     """cn001 boots (its script, with a boot token) and its agent says hello."""
     token = boot_token(host, "cn001", "10.66.0.11")
@@ -156,17 +150,6 @@ class SerialLine:
         self.listener.close()
         if self.peer is not None:
             self.peer.close()
-
-
-@pytest.fixture
-def console_host(make_config, tmp_path: Path) -> Iterator[tuple[Host, SerialLine]]:
-    line = SerialLine(tmp_path / "cn001.console")
-    bmc = f'bmc = {{ driver = "none", console = "{tmp_path}/{{node}}.console" }}\n'
-    try:
-        with serving(make_config(server="10.66.0.1", interface="d0", bmc=bmc), tmp_path) as host:
-            yield host, line
-    finally:
-        line.close()
 
 
 async def attach(host: Host, node: str, typed: bytes, until: bytes) -> bytes:
