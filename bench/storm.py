@@ -275,7 +275,11 @@ def main() -> None:
     try:
         if not args.no_reference:
             servers = reference(pair, directory, args.nodes, kernel, initrd)
-            time.sleep(1)  # dnsmasq and nginx bind at once; a second is plenty
+            deadline = time.monotonic() + 30  # each writes its pid file once it listens
+            while not all((directory / f"{n}.pid").exists() for n in ("dnsmasq", "nginx")):
+                if time.monotonic() > deadline:
+                    sys.exit(f"the reference did not start: {directory}/reference.log")
+                time.sleep(0.1)
             before = sum(cpu_seconds(p.pid) for p in servers)
             began = time.monotonic()
             report = storm(pair, directory, listing, args, "initrd")

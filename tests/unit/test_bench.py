@@ -34,3 +34,26 @@ def test_a_100_000_node_file_is_a_few_dozen_lines(tmp_path: Path) -> None:
     last = nodes["g3n25000"]
     assert (str(last.ip), last.mac) == ("10.3.199.250", "52:54:00:01:86:9f")
     assert len({node.mac for node in nodes.values()}) == 100_000
+
+
+def test_the_storm_bench_node_file_and_client_messages(tmp_path: Path) -> None:
+    """bench/storm.py's node file loads with its nodes and image; its simulated nodes'
+    DHCP messages are what the server's codec reads (the run itself needs root)."""
+    from layerpy.config import load
+    from layerpy.proto import dhcp
+
+    modules = {}
+    for name in ("storm", "storm_client"):
+        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        modules[name] = sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(modules[name])  # (registered first: it has dataclasses)
+    storm, client = modules["storm"], modules["storm_client"]
+    (tmp_path / "vmlinuz").write_bytes(b"k")
+    (tmp_path / "initrd").write_bytes(b"i")
+    nodes = load(storm.layerpy_config(tmp_path, 500)).nodes
+    assert len(nodes) == 500 and nodes["sn00500"].image == "tiny"
+    assert (str(nodes["sn00500"].ip), nodes["sn00500"].mac) == (storm.ip(499), storm.mac(499))
+    node = client.Node("sn00001", bytes.fromhex(storm.mac(0).replace(":", "")))
+    sent = dhcp.decode(client.dhcp_packet(client.DISCOVER, node, 7, {77: b"iPXE"}))
+    assert (sent.xid, sent.flags, sent.mac, sent.is_ipxe) == (7, 0x8000, storm.mac(0), True)
