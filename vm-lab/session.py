@@ -40,16 +40,21 @@ MACHINES = {
 BMCS = {"cn001": "10.99.1.11", "cn002": "10.99.1.12", "cn003": "10.99.1.13", "cn004": "10.99.1.14"}
 
 
-def lab_config(run_dir: Path, *, consoles: bool = False, base: Path = LAB_CONFIG) -> Path:
-    """A copy of a lab node file in `run_dir` (its relative paths made absolute), with the
-    VMs' serial consoles captured by the server when `consoles` (QEMU's serial socket of
-    each VM: then nothing else may type into it, as ``Vm.type`` does)."""
+def lab_text(run_dir: Path | None = None, *, base: Path = LAB_CONFIG) -> str:
+    """A lab node file's text with its relative paths made absolute (for a copy kept in a
+    run directory); with `run_dir`, the VMs' serial consoles captured by the server (QEMU's
+    serial socket of each VM: then nothing else may type into it, as ``Vm.type`` does)."""
     text = base.read_text().replace('"../minos/', f'"{REPO}/minos/')
     bmc_password = f'"{REPO}/configs/lab-bmc.pass"'
-    if consoles:
+    if run_dir is not None:
         bmc_password += f', console = "{Path(run_dir).resolve()}/{{node}}.console"'
+    return text.replace('"lab-bmc.pass"', bmc_password)
+
+
+def lab_config(run_dir: Path, *, consoles: bool = False) -> Path:
+    """lab_text() written to `run_dir`/nodes.toml."""
     config = Path(run_dir) / "nodes.toml"
-    config.write_text(text.replace('"lab-bmc.pass"', bmc_password))
+    config.write_text(lab_text(run_dir if consoles else None))
     return config
 
 

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from session import LAB_CONFIG, LAYERPY, REPO, LabSession
+from session import LAYERPY, REPO, LabSession, lab_text
 from slurm_controller import TEMPLATES, Controller, context_from_node_file, make_munge_key
 
 NODES = ["cn001", "cn002", "cn003"]
@@ -84,8 +84,7 @@ def build_image(run_dir: Path) -> dict[str, Any]:
 def node_file(run_dir: Path, key: Path, image: str = "slurm") -> Path:
     """configs/lab.toml with the compute group cut to three nodes running `image`, and
     the slurm images and files."""
-    text = LAB_CONFIG.read_text().replace('"../minos/', f'"{REPO}/minos/')
-    text = text.replace('"lab-bmc.pass"', f'"{REPO}/configs/lab-bmc.pass"')
+    text = lab_text()
     for four, three in (('"cn[001-004]"', '"cn[001-003]"'), ("[11-14]", "[11-13]"),
                         (', "52:54:00:99:00:14"]', "]")):  # fmt: skip
         assert four in text, four

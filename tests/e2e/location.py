@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from lab import VmSpec
-from session import LAB_CONFIG, REPO
+from session import lab_text
 
 
 def located_node_file(run_dir: Path, identity: str, discover: bool = False) -> Path:
     """The lab's nodes with no MACs and no BMCs, named by sw1's ports swp1-swp4 only,
     under the `identity` policy."""
-    text = LAB_CONFIG.read_text().replace('"../minos/', f'"{REPO}/minos/')
+    text = lab_text()
     lines = [line for line in text.splitlines() if not line.startswith(("mac =", "bmc ="))]
     text = "\n".join(lines).replace(
         'nodes = "cn[001-004]"', 'nodes = "cn[001-004]"\nlocation = "sw1:swp[1-4]"'

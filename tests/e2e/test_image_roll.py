@@ -8,15 +8,14 @@ from pathlib import Path
 import pytest
 
 from oci import build_image
-from session import LAB_CONFIG, REPO, LabSession
+from session import LabSession, lab_text
 
 pytestmark = pytest.mark.e2e
 REGISTRY = "127.0.0.1:5000"  # inside the lab's namespace, where layerpy serve runs
 
 
 def node_file(run_dir: Path) -> Path:
-    text = LAB_CONFIG.read_text().replace('"../minos/', f'"{REPO}/minos/')
-    text = text.replace('"lab-bmc.pass"', f'"{REPO}/configs/lab-bmc.pass"')
+    text = lab_text()
     text = text.replace('power = "on"\n', 'power = "on"\nimage = "a"\n')
     for name in ("a", "b", "c"):
         text += (

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from session import LAB_CONFIG, REPO, LabSession
+from session import LabSession, lab_config
 
 pytestmark = pytest.mark.e2e
 
@@ -18,10 +18,7 @@ pytestmark = pytest.mark.e2e
 def lab(tmp_path_factory: pytest.TempPathFactory):
     """The lab with a node file of its own, which the tests change and reload."""
     run_dir = tmp_path_factory.mktemp("lifecycle")
-    config = run_dir / "nodes.toml"
-    text = LAB_CONFIG.read_text().replace('"../minos/', f'"{REPO}/minos/')
-    config.write_text(text.replace('"lab-bmc.pass"', f'"{REPO}/configs/lab-bmc.pass"'))
-    session = LabSession(run_dir, config=config)
+    session = LabSession(run_dir, config=lab_config(run_dir))
     yield session
     session.close()
 

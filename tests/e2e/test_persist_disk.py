@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from oci import build_image
-from session import LAB_CONFIG, REPO, LabSession
+from session import LabSession, lab_text
 
 pytestmark = [
     pytest.mark.e2e,
@@ -31,8 +31,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
         f.truncate(64 << 20)
     subprocess.run(["mkfs.ext4", "-q", "-L", LABEL, str(disk)], check=True)
     layout = build_image(run_dir / "oci", "counter", "COUNTER-IMAGE")
-    text = LAB_CONFIG.read_text().replace('"../minos/', f'"{REPO}/minos/')
-    text = text.replace('"lab-bmc.pass"', f'"{REPO}/configs/lab-bmc.pass"')
+    text = lab_text()
     text = text.replace('power = "on"\n', 'power = "on"\nimage = "counter"\n', 1)
     text += f'\n[nodes.cn001]\npersist_disk = "LABEL={LABEL}"\n'
     text += f'\n[images.counter]\nsource = "oci-layout:{layout}:latest"\n'

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from oci import build_image
-from session import LAB_CONFIG, REPO, LabSession
+from session import REPO, LabSession, lab_text
 
 pytestmark = [
     pytest.mark.e2e,
@@ -35,8 +35,7 @@ TIMINGS: dict[str, float | str] = {}
 
 
 def node_file(run_dir: Path, debian: Path, plain: Path) -> Path:
-    text = LAB_CONFIG.read_text().replace('"../minos/', f'"{REPO}/minos/')
-    text = text.replace('"lab-bmc.pass"', f'"{REPO}/configs/lab-bmc.pass"')
+    text = lab_text()
     text = text.replace('power = "on"\n', 'power = "on"\nimage = "debian"\n')
     text += f'\n[images.debian]\nsource = "oci-layout:{debian}:bookworm"\nsystemd = true\n'
     text += f'\n[images.plain]\nsource = "oci-layout:{plain}:latest"\n'
