@@ -271,6 +271,7 @@ class QemuBmc(Suite3Bmc):
     # --- the power model, shared by both protocols ---------------------------------------
 
     def _boot(self) -> None:
+        print("power: reset and boot", flush=True)  # tests read power commands here
         qmp(self.qmp_path, "system_reset", "cont")
         self.powered = True
         self.boot_target = "None"  # a boot override lasts one boot
@@ -283,6 +284,7 @@ class QemuBmc(Suite3Bmc):
     def power_off(self) -> None:
         with self.lock:
             if self.powered:
+                print("power: off", flush=True)
                 qmp(self.qmp_path, "stop", "system_reset")
                 self.powered = False
 

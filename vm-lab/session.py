@@ -78,22 +78,31 @@ class LabSession:
                 before_serve(self.lab)
             self.serve_log = self.run_dir / "serve.log"
             self.socket = self.run_dir / "state" / "api.sock"
-            command = [
-                str(LAYERPY),
-                "serve",
-                "-c",
-                str(config),
-                "--state-dir",
-                str(self.run_dir / "state"),
-            ]
-            self.server = self.lab.popen(command, log=self.serve_log)
-            self.wait(self._serving, 60, "layerpy serve up (DHCP after its look for others)")
+            self.serve()
         except BaseException:
             self.lab.close()
             raise
 
-    def _serving(self) -> bool:
-        return "layerpy.server: serving" in self.serve_log.read_text(errors="replace")
+    def serve(self) -> int:
+        """Start ``layerpy serve`` on the run's state directory (again after ``crash()``:
+        the same one); returns where its lines begin in ``serve_log``, once it serves."""
+        start = self.serve_log.stat().st_size if self.serve_log.exists() else 0
+        command = [str(LAYERPY), "serve", "-c", str(self.config),
+                   "--state-dir", str(self.run_dir / "state")]  # fmt: skip
+        self.server = self.lab.popen(command, log=self.serve_log)
+
+        def serving() -> bool:
+            with self.serve_log.open("rb") as log:
+                log.seek(start)
+                return b"layerpy.server: serving" in log.read()
+
+        self.wait(serving, 60, "layerpy serve up (DHCP after its look for others)")
+        return start
+
+    def crash(self) -> None:
+        """SIGKILL the server, as a crash (no goodbye to nodes, BMCs or files)."""
+        self.server.kill()
+        self.server.wait(timeout=30)
 
     def api(self, path: str, *, quiet: bool = False) -> Any:
         """GET a JSON document from the server, or None when it does not answer."""

@@ -1,9 +1,11 @@
 """The lifecycle table the engine runs: the docs show it, every action it names exists,
-and a BMC answer that arrives after a reload removed its node changes nothing."""
+and a BMC answer that arrives after a reload removed its node changes nothing; what a
+restarted server tells the nodes it finds running."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from pathlib import Path
 
@@ -11,6 +13,7 @@ from layerpy.catalog import Catalog
 from layerpy.engine import Graph
 from layerpy.images import ImageStore
 from layerpy.lifecycle import ACTIONS, VARIABLES, Lifecycle, markdown_table, mutations
+from layerpy.lifecycle.table import BOOT_TIMEOUT
 from layerpy.model import PowerState
 from layerpy.nodes import NodeStore
 
@@ -76,3 +79,30 @@ def test_a_power_answer_for_a_node_a_reload_removed(make_config) -> None:
         await asyncio.gather(running, return_exceptions=True)
 
     asyncio.run(scenario())
+
+
+def lifecycle_of(config) -> Lifecycle:
+    store = NodeStore(config)
+    return Lifecycle(
+        store, Catalog(ImageStore(config.server.state_dir / "images"), store.feed), 3600
+    )
+
+
+def test_a_restarted_server_tells_a_node_the_image_it_told_it_before(make_config) -> None:
+    """Not "no image", which would stop the container the node kept running meanwhile."""
+    config = make_config()
+    lifecycle = lifecycle_of(config)
+    lifecycle.assign("cn001", ("base", "sha256:" + "a" * 64))
+    lifecycle.assign("cn002", ("base", "sha256:" + "b" * 64))
+    lifecycle.assign("cn002", None)  # cn002 booted anew: told afresh
+    assert lifecycle_of(config).assigned == {"cn001": ("base", "sha256:" + "a" * 64)}
+
+
+def test_a_node_not_heard_since_a_restart_has_a_heartbeat_before_it_counts_as_hung(
+    make_config,
+) -> None:
+    config = make_config()
+    waits = lifecycle_of(config).engine.graph.mutations["boot.wait"]
+    assert waits.timeout == BOOT_TIMEOUT  # heartbeat 2 s: the boot's own time is longer
+    slow = dataclasses.replace(config, server=dataclasses.replace(config.server, heartbeat=300))
+    assert lifecycle_of(slow).engine.graph.mutations["boot.wait"].timeout == 600

@@ -129,12 +129,24 @@ def test_rejected_reports(inventory: NodeStore, payload, status: int, reason: st
 
 
 def test_tokens_survive_a_restart(inventory: NodeStore) -> None:
+    """A restarted server takes the first heartbeat of a node it booted before for what it
+    is: ready (its engine waits for nothing more, and cycles no one); not a new boot."""
     token = boot_to_ready(inventory)
     again = NodeStore(inventory.config)
     report(again, token)
-    assert again.nodes["cn001"].run_state is RunState.INIT
-    report(again, token)
     assert again.nodes["cn001"].run_state is RunState.READY
+    assert again.nodes["cn001"].boots == 1
+
+
+def test_after_a_restart_a_hello_or_a_new_boot_id_is_a_new_start(inventory: NodeStore) -> None:
+    token = boot_to_ready(inventory)
+    again = NodeStore(inventory.config)
+    report(again, token, "hello")  # the agent itself restarted: it says hello again
+    assert again.nodes["cn001"].run_state is RunState.INIT
+    third = NodeStore(inventory.config)
+    report(third, token, boot_id="b2")  # rebooted without a network boot
+    assert third.nodes["cn001"].run_state is RunState.INIT
+    assert third.nodes["cn001"].boots == 2
 
 
 def test_new_boot_id_without_dhcp_starts_a_boot(inventory: NodeStore) -> None:

@@ -23,9 +23,10 @@ class Context(Protocol):
     store: NodeStore
     catalog: Catalog
     drivers: Mapping[str, PowerDriver]
-    assigned: dict[str, tuple[str, str]]
 
     def image_of(self, name: str) -> str | None: ...
+
+    def assign(self, name: str, image: tuple[str, str] | None) -> None: ...
 
 
 def _driver(ctx: Context, name: str, what: str) -> PowerDriver:
@@ -63,7 +64,7 @@ async def image_assign(ctx: Context, name: str) -> None:
     """The digest the node's agent is told to run from its next answer on."""
     wanted = ctx.image_of(name)
     image = ctx.catalog.current(wanted or "")
-    ctx.assigned[name] = (wanted or "", image.digest)
+    ctx.assign(name, (wanted or "", image.digest))
     images_log.info("%s: assigned image %s %s", name, wanted, image.digest[:19])
 
 

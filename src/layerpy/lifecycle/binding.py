@@ -17,7 +17,7 @@ from layerpy.config import Config
 from layerpy.engine import Engine, Graph, NoPath
 from layerpy.files import Deliveries, RenderError
 from layerpy.lifecycle.actions import ACTIONS
-from layerpy.lifecycle.table import VARIABLES, desired, mutations
+from layerpy.lifecycle.table import BOOT_TIMEOUT, VARIABLES, desired, mutations
 from layerpy.logs import Throttle
 from layerpy.model import ImageState, Node, PowerState, RunState
 from layerpy.nodes import GAP, NodeStore
@@ -35,6 +35,7 @@ files_log = Throttle(logging.getLogger("layerpy.files"))  # may fail at every re
 # node fields the engine's variables are read from
 ENGINE_FIELDS = frozenset({"power", "run_state", "busy", "image_state", "image_digest"})
 CLOSE_TIMEOUT = 3.0  # seconds for all power drivers to log out at shutdown
+ASSIGNED = "assigned.json"  # in the state directory: what each node's agent is told to run
 
 
 class Lifecycle:
@@ -46,14 +47,17 @@ class Lifecycle:
         self.overrides: dict[str, dict[str, str]] = {}
         self.drivers: dict[str, PowerDriver] = {}
         # node -> (image name, digest) its agent is told to run, until the engine assigns
-        # another: a node whose wanted image fails to pull stays on this one
-        self.assigned: dict[str, tuple[str, str]] = {}
+        # another: a node whose wanted image fails to pull stays on this one. Kept across
+        # restarts: a restarted server that told a running node "no image" would stop it.
+        self.assigned = self._load_assigned()
         self.deliveries = Deliveries()
-        table = mutations()
+        server = store.config.server  # its keys are fixed until a restart
+        # a node a restarted server has not heard from yet reports within a heartbeat
+        table = mutations(max(BOOT_TIMEOUT, 2 * server.heartbeat))
         missing = {m.action for m in table if m.action and m.action not in ACTIONS}
         if missing:
             raise ValueError(f"the lifecycle table names unknown actions: {sorted(missing)}")
-        rate = store.config.server.power_on_rate  # a [server] key: fixed until a restart
+        rate = server.power_on_rate
         paces = {name: 1 / rate for name, action in ACTIONS.items() if action.boots and rate}
         self.engine = Engine(Graph(VARIABLES, table), self.act, on_write=store.conclude,
                              on_action=self._published, paces=paces)  # fmt: skip
@@ -110,7 +114,7 @@ class Lifecycle:
                         self._observe(name)
             elif change.kind == "observed" and ENGINE_FIELDS & change.fields.keys():
                 if change.fields.get("run_state") == RunState.UNKNOWN:
-                    self.assigned.pop(change.node, None)  # a new boot is told afresh
+                    self.assign(change.node, None)  # a new boot is told afresh
                 self._observe(change.node)
 
     def _polled(self, name: str, state: str | None, error: str | None) -> None:
@@ -127,6 +131,27 @@ class Lifecycle:
     async def close(self) -> None:
         self.changes.close()
         await close_all(self.drivers.values(), CLOSE_TIMEOUT)
+
+    # -- what the agents are told to run ----------------------------------------------
+
+    def assign(self, name: str, image: tuple[str, str] | None) -> None:
+        """Tell the node's agent to run (image name, digest) from its next answer on (None:
+        nothing yet, as for a new boot); saved before the answer can say it."""
+        if self.assigned.get(name) == image:
+            return
+        if image is None:
+            del self.assigned[name]
+        else:
+            self.assigned[name] = image
+        self.store.files.write(ASSIGNED, {node: list(pair) for node, pair in self.assigned.items()})
+
+    def _load_assigned(self) -> dict[str, tuple[str, str]]:
+        found: dict[str, tuple[str, str]] = {}
+        for name, pair in self.store.files.read(ASSIGNED).items():
+            strings = isinstance(pair, list) and all(isinstance(part, str) for part in pair)
+            if name in self.store.nodes and strings and len(pair) == 2:
+                found[name] = (pair[0], pair[1])
+        return found
 
     # -- desired state -----------------------------------------------------------------
 
@@ -199,7 +224,7 @@ class Lifecycle:
         if added or removed or changed:
             self.overrides.clear()
         for name in removed:
-            self.assigned.pop(name, None)  # a changed node runs its image until told anew
+            self.assign(name, None)  # a changed node runs its image until told anew
         for name in removed | changed:
             self.engine.remove_node(name)
             driver = self.drivers.pop(name, None)

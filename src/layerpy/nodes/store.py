@@ -7,7 +7,8 @@ assigns an observed field.
 
 Run state moves unknown -> booting (DHCP from boot firmware) -> init (agent hello) ->
 ready (agent reporting) -> lost (missed reports). Boot tokens are kept in the state
-directory, so a restarted server still recognises the agents of the nodes it booted.
+directory, so a restarted server still recognises the agents of the nodes it booted, and
+takes their next heartbeat for what it is: a node ready since before the restart.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ class NodeStore:
         self.identities.index(self.nodes)
         self.unknown = Discovery()
         self._reporting: OrderedDict[str, float] = OrderedDict()  # oldest report first
+        self._resumed: set[str] = set()  # boots from before a restart, not heard from since
         self._load_tokens()
 
     def apply(self, config: Config) -> tuple[set[str], set[str], set[str]]:
@@ -289,7 +291,9 @@ class NodeStore:
         self._reporting.pop(node.name, None)
         self._reporting[node.name] = now
         self._agent_facts(node, report, now)
-        if node.run_state in (*ALIVE, RunState.LOST) and report.event != Event.HELLO:
+        resumed = node.name in self._resumed  # a new boot id started a new boot above
+        self._resumed.discard(node.name)
+        if (resumed or node.run_state in (*ALIVE, RunState.LOST)) and report.event != Event.HELLO:
             self.mark(node, Phase.READY)
             self._set_state(node, RunState.READY)
         else:
@@ -509,6 +513,7 @@ class NodeStore:
     # -- internals -----------------------------------------------------------------------
 
     def _start_boot(self, node: Node, firmware: str | None) -> Boot:
+        self._resumed.discard(node.name)
         node.boot = Boot(started=self.clock(), firmware=firmware)
         node.last_report = None
         self._set(node, boots=node.boots + 1, busy=Busy.UNKNOWN, console_problem=None)
@@ -539,3 +544,5 @@ class NodeStore:
             )
             boots = record.get("boots")
             node.boots = boots if isinstance(boots, int) else 0
+            if node.boot.token and node.boot.boot_id:
+                self._resumed.add(name)

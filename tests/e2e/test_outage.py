@@ -1,0 +1,125 @@
+"""Server down while nodes run (issue 15): lab nodes keep their containers through a crash
+of ``layerpy serve`` and a long outage, and report back to the restarted server (same
+state directory) without a reboot, a power command or a container restart.
+
+The outage lasts ``LAYERPY_OUTAGE_SECONDS`` (60 s by default, short enough for CI; the
+figure in docs/scale.md is a 600 s run). Each container prints one line on its node's
+console when it starts (with the VM's uptime then): its identity, from inside the VM.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import pytest
+
+from oci import build_image
+from session import LabSession, lab_text
+
+pytestmark = pytest.mark.e2e
+
+OUTAGE = float(os.environ.get("LAYERPY_OUTAGE_SECONDS", "60"))
+NODES = ["cn001", "cn002"]
+ADDRESSES = {"cn001": "10.99.0.11", "cn002": "10.99.0.12"}
+START = r"\[sleeper\] SLEEPER-START at (\S+)"
+SLEEP = "echo SLEEPER-START at $(cut -d' ' -f1 /proc/uptime); exec sleep 1000000"
+# what the agent prints when its container stops or dies
+STOPPED = re.compile(r"stopping, the server wants none|container exited|container of .* is gone")
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory):
+    """Two lab nodes (BMC-controlled, powered on by the server) running one image."""
+    run_dir = tmp_path_factory.mktemp("outage")
+    layout = build_image(run_dir / "oci", "sleeper", "SLEEPER-IMAGE")
+    text = lab_text().replace('power = "on"\n', 'power = "on"\nimage = "sleeper"\n', 1)
+    text += f'\n[images.sleeper]\nsource = "oci-layout:{layout}:latest"\n'
+    text += f'command = ["/bin/sh", "-c", "{SLEEP}"]\n'
+    config = run_dir / "nodes.toml"
+    config.write_text(text)
+    session = LabSession(run_dir, config)
+    try:
+        session.start(*NODES)
+        yield session
+    finally:
+        session.close()
+
+
+def starts(lab: LabSession, name: str) -> list[str]:
+    """The VM uptimes at which its container started, as the container itself printed."""
+    return re.findall(START, lab.lab.vms[name].serial_log.read_text(errors="replace"))
+
+
+def answers_ping(lab: LabSession, address: str) -> bool:
+    """One answer of three pings from the lab's namespace (the node file's address, which
+    the API would show even for a node that lost it)."""
+    pings = lab.lab.run(["busybox", "ping", "-c", "3", "-W", "5", address], check=False)
+    return pings.returncode == 0
+
+
+def since(path, offset: int) -> str:
+    with path.open("rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
+
+
+def test_nodes_keep_their_containers_while_the_server_is_down(lab: LabSession) -> None:
+    def running() -> bool:
+        nodes = lab.nodes()
+        return all(
+            nodes[n]["run_state"] == "ready"
+            and nodes[n]["image"]["state"] == "active"
+            and len(starts(lab, n)) == 1
+            for n in NODES
+        )
+
+    lab.wait(running, 300, "cn001 and cn002 ready, image sleeper active, its container started")
+    before = lab.nodes()
+    started = {n: starts(lab, n) for n in NODES}
+    bmc_logs = {n: lab.run_dir / f"{n}.bmc.log" for n in NODES}
+    bmc_marks = {n: path.stat().st_size for n, path in bmc_logs.items()}
+    serial_marks = {n: lab.lab.vms[n].serial_log.stat().st_size for n in NODES}
+
+    lab.crash()
+    time.sleep(OUTAGE)  # the outage itself: what is being tested
+    assert all(lab.lab.vms[n].alive() for n in NODES)
+    down = {n: since(lab.lab.vms[n].serial_log, serial_marks[n]) for n in NODES}
+    for name in NODES:  # the agents noticed, and kept trying; the addresses stayed
+        assert "server unreachable since uptime" in down[name], down[name][-2000:]
+        assert answers_ping(lab, ADDRESSES[name]), f"{name} lost {ADDRESSES[name]}"
+
+    restarted = time.monotonic()
+    log_start = lab.serve()
+
+    def back() -> bool:
+        nodes = lab.nodes()
+        return all(
+            nodes[n]["run_state"] == "ready"
+            and nodes[n]["image"]["state"] == "active"
+            # a few reports after the first answer: whatever it told the agent is done
+            and nodes[n]["agent"]["seq"] >= before[n]["agent"]["seq"] + 5
+            and nodes[n]["last_report"] > time.time() - 10
+            for n in NODES
+        )
+
+    lab.wait(back, 240, "cn001 and cn002 reporting to the restarted server, ready, image active")
+    took = time.monotonic() - restarted
+    after = lab.nodes()
+    print(f"outage {OUTAGE:g} s; both nodes ready again {took:.1f} s after the restart")
+
+    served = since(lab.serve_log, log_start)
+    for name in NODES:
+        console = since(lab.lab.vms[name].serial_log, serial_marks[name])
+        assert starts(lab, name) == started[name], f"{name}: its container started again"
+        assert not STOPPED.search(console), f"{name}: {STOPPED.search(console)}"
+        assert "server reachable again after" in console, console[-2000:]
+        assert after[name]["boots"] == before[name]["boots"], f"{name} booted again"
+        assert after[name]["boot"]["boot_id"] == before[name]["boot"]["boot_id"]
+        assert after[name]["agent"]["uptime"] > before[name]["agent"]["uptime"] + OUTAGE
+        assert answers_ping(lab, ADDRESSES[name]), f"{name} lost {ADDRESSES[name]}"
+        assert after[name]["image"]["digest"] == before[name]["image"]["digest"]
+        power = since(bmc_logs[name], bmc_marks[name])
+        assert "power:" not in power, f"{name}'s BMC was told: {power}"
+        assert not re.search(rf"{name}: (fire power\.|power (on|off|cycle)$)", served, re.M)
