@@ -91,6 +91,7 @@ Packet = Request | Data | Ack | Error | OAck
 # the way the filesystem layer does.
 _ENC = ("utf-8", "surrogateescape")
 _HEAD = struct.Struct("!HH")
+_ACK, _DATA = Opcode.ACK.to_bytes(2, "big"), int(Opcode.DATA)
 
 
 def _strings(body: bytes) -> list[str]:
@@ -269,17 +270,21 @@ class Transfer:
 
     def receive(self, datagram: bytes) -> list[bytes]:
         """Handle a datagram from the client; raises Malformed for anything but ACK/ERROR."""
-        packet = decode(datagram)
+        if len(datagram) == 4 and datagram[:2] == _ACK:  # one per block: read in place
+            number = datagram[2] << 8 | datagram[3]
+        else:
+            packet = decode(datagram)
+            if isinstance(packet, Error):
+                self.abort(f"client error {packet.code}: {packet.message}")
+                return []
+            if not isinstance(packet, Ack):
+                raise Malformed(f"unexpected {type(packet).__name__} from the client")
+            number = packet.block
         if self.state != "open":
             return []
-        if isinstance(packet, Error):
-            self.abort(f"client error {packet.code}: {packet.message}")
-            return []
-        if not isinstance(packet, Ack):
-            raise Malformed(f"unexpected {type(packet).__name__} from the client")
         # Map the 16-bit number onto the outstanding range (acked, sent]; duplicates and
         # stale ACKs fall outside and are ignored, so no Sorcerer's Apprentice storm.
-        block = self._acked + ((packet.block - self._acked) & 0xFFFF)
+        block = self._acked + ((number - self._acked) & 0xFFFF)
         if block == self._acked or block > self._sent:
             return []
         self._acked, self._tries, self.timeout = block, 0, self._base_timeout
@@ -303,7 +308,7 @@ class Transfer:
             self.abort(f"no ACK after {self.retries} retransmissions")
             return []
         self.timeout = min(self.timeout * 2, self._base_timeout * 8)
-        return [self._packet(n) for n in range(self._acked + 1, self._sent + 1)]
+        return list(map(self._packet, range(self._acked + 1, self._sent + 1)))
 
     def abort(self, reason: str) -> None:
         """Fail an open transfer (client error, retries exhausted, unreachable, shutdown)."""
@@ -312,10 +317,10 @@ class Transfer:
 
     def _window(self) -> list[bytes]:
         self._sent = min(self._acked + self.windowsize, self._last)
-        return [self._packet(n) for n in range(self._acked + 1, self._sent + 1)]
+        return list(map(self._packet, range(self._acked + 1, self._sent + 1)))
 
     def _packet(self, block: int) -> bytes:
         if block == 0:
             return self._oack
         start = (block - 1) * self.blksize
-        return _HEAD.pack(Opcode.DATA, block & 0xFFFF) + self._data[start : start + self.blksize]
+        return _HEAD.pack(_DATA, block & 0xFFFF) + self._data[start : start + self.blksize]

@@ -215,25 +215,20 @@ async def other_servers(interface: str, own: IPv4Address, seconds: float) -> lis
     out). Raises OSError when it cannot listen (port 68 taken by a DHCP client here)."""
     xid = int.from_bytes(os.urandom(4))
     request = dhcp.encode(probe(xid, bytes([0x02]) + os.urandom(5)))  # a local MAC
-    sock = _listening_socket(interface, dhcp.CLIENT_PORT)
     found: set[IPv4Address] = set()
+
+    def heard(data: bytes, _sender: tuple[str, int]) -> None:
+        with contextlib.suppress(dhcp.DhcpError):
+            server = offering_server(dhcp.decode(data), xid, own)
+            if server is not None:
+                found.add(server)
+
+    channel = Datagrams(_listening_socket(interface, dhcp.CLIENT_PORT))
     try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + seconds
-        sends = [loop.time(), loop.time() + seconds / 3]  # twice: one lost datagram is no verdict
-        while (now := loop.time()) < deadline:
-            if sends and now >= sends[0]:
-                sends.pop(0)
-                await loop.sock_sendto(sock, request, ("255.255.255.255", 67))
-            try:
-                async with asyncio.timeout(min([deadline, *sends[:1]]) - now):
-                    data = await loop.sock_recv(sock, 2048)
-            except TimeoutError:
-                continue
-            with contextlib.suppress(dhcp.DhcpError):
-                server = offering_server(dhcp.decode(data), xid, own)
-                if server is not None:
-                    found.add(server)
+        channel.listen(heard)
+        for listen in (seconds / 3, seconds * 2 / 3):  # sent twice: one lost is no verdict
+            channel.send(request, ("255.255.255.255", 67))
+            await asyncio.sleep(listen)
     finally:
-        sock.close()
+        channel.close()
     return sorted(found)

@@ -25,7 +25,7 @@ from pathlib import Path
 from layerpy.host import cannot_listen
 from layerpy.logs import Throttle
 from layerpy.proto import tftp as proto
-from layerpy.services.datagrams import deep_buffers
+from layerpy.services.datagrams import RECEIVE_SIZE, Datagrams, deep_buffers
 from layerpy.text import printable
 
 log = logging.getLogger("layerpy.tftp")
@@ -33,6 +33,7 @@ quiet = Throttle(log)
 
 PER_CLIENT = 32  # transfers at once from one address (a PXE ROM needs one)
 TOTAL = 1024  # transfers at once in all (each holds a socket and the file open)
+READ_AHEAD = 16 << 10  # bytes read at once for a transfer (ten blocks of 1468)
 NETASCII_MAX = 1 << 20  # netascii converts the whole file: only small ones
 
 
@@ -75,18 +76,25 @@ def _socket(
 
 
 class FileContent:
-    """An open file read block by block (``proto.Content``); one descriptor, no buffer."""
+    """An open file read block by block (``proto.Content``): one descriptor, and the
+    ``READ_AHEAD`` bytes last read, so that a transfer costs one read per several blocks
+    yet holds little of its file."""
 
     def __init__(self, path: Path) -> None:
         self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         self.size = os.fstat(self.fd).st_size
+        self._chunk, self._at = b"", 0
 
     def __len__(self) -> int:
         return self.size
 
     def __getitem__(self, span: slice) -> bytes:
-        start, stop, _ = span.indices(self.size)
-        return os.pread(self.fd, max(0, stop - start), start)
+        """The bytes from span.start to span.stop (both given, as Transfer gives them)."""
+        start, stop = span.start - self._at, span.stop - self._at
+        if start < 0 or (stop > len(self._chunk) and self._at + len(self._chunk) < self.size):
+            self._at, start, stop = span.start, 0, span.stop - span.start
+            self._chunk = os.pread(self.fd, max(stop, READ_AHEAD), span.start)
+        return self._chunk[start:stop]
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -109,26 +117,43 @@ def _open(root: Path, request: proto.Request) -> FileContent:
     return content
 
 
-@dataclass(eq=False)
-class _Session(asyncio.DatagramProtocol):
-    """One transfer's socket and retransmit timer."""
+class _Session:
+    """One transfer: its connected socket, read by the loop directly, and its retransmit
+    deadline.
 
-    server: TftpServer
-    transfer: proto.Transfer
-    content: FileContent
-    client: tuple
-    name: str
-    t0: float
-    transport: asyncio.DatagramTransport | None = None
-    timer: asyncio.TimerHandle | None = None
+    Lock-step TFTP is one round trip per block, so whatever the server spends per block
+    adds up: the socket is read without a transport or protocol object in between, and
+    the deadline moves with every block sent while its timer is only re-armed when it
+    fires (at most once a timeout), not cancelled and made anew per block.
+    """
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        self.server._clients[self.client] = self
-        self.server._emit("start", self.client, self.name, self.t0)
-        self._send(self.transfer.start())
+    def __init__(
+        self, server: TftpServer, transfer: proto.Transfer, content: FileContent,
+        sock: socket.socket, client: tuple, name: str, t0: float,
+    ) -> None:  # fmt: skip
+        self.server, self.transfer, self.content, self.sock = server, transfer, content, sock
+        self.client, self.name, self.t0 = client, name, t0
+        self.loop = asyncio.get_running_loop()
+        self.deadline = 0.0
+        self.open = True
+        self.timer: asyncio.TimerHandle | None = None
+        server._clients[client] = self
+        server._emit("start", client, name, t0)
+        self.loop.add_reader(sock.fileno(), self._readable)
+        self._send(transfer.start())
+        if self.open:
+            self.timer = self.loop.call_at(self.deadline, self._tick)
 
-    def datagram_received(self, data: bytes, addr) -> None:
+    def _readable(self) -> None:
+        """One datagram a wakeup: lock-step brings one ACK at a time, and a second read
+        that finds nothing costs more than the loop's next pass when one is there."""
+        try:
+            data = self.sock.recv(RECEIVE_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:  # ICMP port unreachable: the client has gone
+            self.abort(f"client unreachable: {exc.strerror or exc}")
+            return
         try:
             packets = self.transfer.receive(data)
         except proto.Malformed as exc:
@@ -136,39 +161,47 @@ class _Session(asyncio.DatagramProtocol):
             return
         self._send(packets)
 
-    def error_received(self, exc: Exception) -> None:
-        self.abort(f"client unreachable: {exc}")
+    def _tick(self) -> None:
+        """The deadline's timer: fire if it passed, else wait for where it moved to."""
+        if not self.open:
+            return
+        if self.loop.time() >= self.deadline:
+            self._send(self.transfer.expire())
+        if self.open:
+            self.timer = self.loop.call_at(self.deadline, self._tick)
 
     def abort(self, reason: str) -> None:
         self.transfer.abort(reason)
         self._send([])
 
-    def _expire(self) -> None:
-        self._send(self.transfer.expire())
-
     def _send(self, packets: list[bytes]) -> None:
-        """Send, then restart the timer if anything went out, or wrap up a finished transfer."""
-        assert self.transport is not None
-        if self.transport.is_closing():
-            return
+        """Send, move the deadline if anything went out, or wrap up a finished transfer.
+
+        A datagram the kernel will not take now (a full send buffer) is left to the
+        retransmission, as a lost one would be."""
         for packet in packets:
-            self.transport.sendto(packet)
-        if log.isEnabledFor(logging.DEBUG) and packets:
-            log.debug("%s:%d sent %d packet(s)", *self.client[:2], len(packets))
-        if self.timer and (packets or self.transfer.state != "open"):
-            self.timer.cancel()
-        if self.transfer.state != "open":
-            self.transport.close()
+            try:
+                self.sock.send(packet)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                self.transfer.abort(f"cannot send: {exc.strerror or exc}")
+                break
+        if packets:
+            self.deadline = self.loop.time() + self.transfer.timeout
+        if self.transfer.state != "open" and self.open:
+            self.open = False
+            if self.timer:
+                self.timer.cancel()
+            self.loop.remove_reader(self.sock.fileno())
+            self.sock.close()
             self.content.close()
             kind = "done" if self.transfer.state == "done" else "failed"
             acked, reason = self.transfer.bytes_acked, self.transfer.reason
             self.server._emit(kind, self.client, self.name, self.t0, acked, reason)
-        elif packets:
-            loop = asyncio.get_running_loop()
-            self.timer = loop.call_later(self.transfer.timeout, self._expire)
 
 
-class TftpServer(asyncio.DatagramProtocol):
+class TftpServer:
     """The listen socket; `close()` is synchronous, idempotent, and aborts open transfers."""
 
     def __init__(
@@ -182,15 +215,16 @@ class TftpServer(asyncio.DatagramProtocol):
         self.root, self.address, self.interface, self.on_event = root, address, interface, on_event
         self.options = options  # for Transfer: timeout, retries
         self.stats = TftpStats()
-        self._listen: asyncio.DatagramTransport | None = None
+        self._listen: Datagrams | None = None
         self._tasks: set[asyncio.Task] = set()
         self._clients: dict[tuple, _Session | None] = {}  # by client: loading (None) or open
         self._open_from: Counter[str] = Counter()  # transfers per client address
 
-    def connection_made(self, transport) -> None:
-        self._listen = transport
+    def listen(self, sock: socket.socket) -> None:
+        self._listen = Datagrams(sock)
+        self._listen.listen(self._request)
 
-    def datagram_received(self, data: bytes, addr) -> None:
+    def _request(self, data: bytes, addr: tuple) -> None:
         try:
             request = proto.parse_request(data)
         except proto.Malformed as exc:
@@ -203,7 +237,7 @@ class TftpServer(asyncio.DatagramProtocol):
         crowded = self._open_from[addr[0]] >= PER_CLIENT or len(self._clients) >= TOTAL
         if crowded and self._listen:
             refusal = proto.TftpError(proto.ErrorCode.NOT_DEFINED, "too many transfers, retry")
-            self._listen.sendto(refusal.packet(), addr)
+            self._listen.send(refusal.packet(), addr)
             self._emit("denied", addr, request.filename, time.monotonic(), reason=refusal.message)
             return
         self._clients[addr] = None
@@ -218,20 +252,17 @@ class TftpServer(asyncio.DatagramProtocol):
             content = await asyncio.to_thread(_open, self.root, request)
         except proto.TftpError as exc:
             if self._listen:
-                self._listen.sendto(exc.packet(), client)
+                self._listen.send(exc.packet(), client)
             self._emit("denied", client, request.filename, t0, reason=exc.message)
             return
         transfer = proto.Transfer(request, content, **self.options)
-        loop = asyncio.get_running_loop()
         try:
             sock = _socket(self.address, 0, self.interface, client)
-            await loop.create_datagram_endpoint(
-                lambda: _Session(self, transfer, content, client, request.filename, t0),
-                sock=sock,
-            )
         except OSError as exc:
             content.close()
             self._emit("failed", client, request.filename, t0, reason=str(exc))
+            return
+        _Session(self, transfer, content, sock, client, request.filename, t0)
 
     def _emit(self, kind: str, client: tuple, name: str, t0: float, size=0, reason="") -> None:
         """Count, log and report the start or the end of one request, or a dropped datagram."""
@@ -263,6 +294,7 @@ class TftpServer(asyncio.DatagramProtocol):
     def close(self) -> None:
         if self._listen:
             self._listen.close()
+            self._listen = None
         for task in self._tasks:
             task.cancel()
         for session in list(self._clients.values()):
@@ -289,5 +321,5 @@ async def start_tftp(
             "TFTP", error, port, address=address, interface=interface or ""
         ) from None
     deep_buffers(sock)
-    await asyncio.get_running_loop().create_datagram_endpoint(lambda: server, sock=sock)
+    server.listen(sock)
     return server
