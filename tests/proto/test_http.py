@@ -635,3 +635,28 @@ def test_a_stop_while_starting_is_obeyed(make_config, tmp_path: Path) -> None:
         host.serve.terminate()
         host.serve.wait(20)
     assert "stopped while starting" in (tmp_path / "serve.log").read_text()
+
+
+def test_boot_files_are_sent_whole_and_new_when_replaced(host: Host, tmp_path: Path) -> None:
+    """services.http.QueuedFile: HEAD, conditional and Range requests as FileResponse
+    answered them, and a file renamed over (a rebuilt minOS) is sent new at once."""
+    kernel = tmp_path / "vmlinuz"
+    old = kernel.read_bytes()
+    result = host.ns.run("curl", "-sI", f"{BASE}/minos/kernel")
+    lines = result.stdout.splitlines()
+    fields = (line.split(": ", 1) for line in lines[1:] if ": " in line)
+    headers = {name.lower(): value for name, value in fields}
+    assert lines[0].startswith("HTTP/1.1 200") and headers["content-length"] == str(len(old))
+    etag, modified = headers["etag"], headers["last-modified"]
+    assert curl(host, "-H", f"If-Modified-Since: {modified}", f"{BASE}/minos/kernel") == (304, "")
+    assert curl(host, "-H", f"If-None-Match: {etag}", f"{BASE}/minos/kernel") == (304, "")
+    assert curl(host, "-r", "-3", f"{BASE}/minos/kernel") == (206, old[-3:].decode())
+    assert curl(host, "-r", "7-13", f"{BASE}/minos/kernel") == (206, old[7:14].decode())
+    assert curl(host, "-r", f"{len(old)}-", f"{BASE}/minos/kernel")[0] == 416
+    new = tmp_path / "vmlinuz.new"
+    new.write_bytes(b"rebuilt " * 50_000)  # the size of a real transfer: several sendfiles
+    new.rename(kernel)
+    code, body = curl(host, f"{BASE}/minos/kernel")
+    assert code == 200 and body == "rebuilt " * 50_000
+    resumed = curl(host, "-r", "0-6", "-H", f"If-Range: {etag}", f"{BASE}/minos/kernel")
+    assert resumed == (200, "rebuilt " * 50_000)  # not old bytes 0-6: the file changed

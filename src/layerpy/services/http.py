@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.abc import AbstractStreamWriter
 
 from layerpy.boot import BootPolicy
@@ -65,6 +67,7 @@ POWER: web.AppKey[PowerControl] = web.AppKey("power")
 CATALOG: web.AppKey[Catalog] = web.AppKey("catalog", Catalog)
 OPERATOR = "operator"  # request key: the authenticated operator (operator listeners only)
 TRANSFERS = 64  # files sent at once; the others wait their turn (a storm queues, not fails)
+CHUNK = 256 * 1024  # bytes read at a time where sendfile cannot go (TLS)
 IMAGE_FILES = ("rootfs.tar", "rootfs.squashfs", "config.json")
 METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
 
@@ -183,7 +186,7 @@ async def discovery_script(request: web.Request) -> web.Response:
     return web.Response(text=script, content_type="text/plain")
 
 
-async def ipxe_file(request: web.Request) -> web.FileResponse:
+async def ipxe_file(request: web.Request) -> QueuedFile:
     """An iPXE binary of the node file, for UEFI HTTP boot (the rest of ipxe.dir is not
     served: TFTP serves that directory, HTTP only the binaries named)."""
     policy = request.app[POLICY]
@@ -197,7 +200,7 @@ async def ipxe_file(request: web.Request) -> web.FileResponse:
     return QueuedFile(ipxe.directory / name)
 
 
-async def minos_file(request: web.Request) -> web.FileResponse:
+async def minos_file(request: web.Request) -> QueuedFile:
     policy = request.app[POLICY]
     which = request.path.rsplit("/", 1)[1]
     node = policy.node_for_fetch(request.remote or "")
@@ -240,16 +243,129 @@ async def image_file(request: web.Request) -> web.StreamResponse:
     return QueuedFile(path)
 
 
-class QueuedFile(web.FileResponse):
+class QueuedFile(web.StreamResponse):
     """A file sent in its turn: at most TRANSFERS at once per app. A thousand nodes
     fetching 16 MB each at once held 16 GB of socket buffers against the kernel's TCP
     memory limit, and a few transfers stalled for a minute (bench/storm.py); in turns,
     each goes at full speed and the whole is no slower. The turn covers the headers too,
-    so a waiting client sees a slow server, never an error."""
+    so a waiting client sees a slow server, never an error.
+
+    Not aiohttp's FileResponse: that stats, opens and closes the file in the thread pool,
+    three round trips that cost more CPU than the rest of the request (bench/http.py,
+    docs/scale.md). Boot files and images are local, so this opens and stats them here;
+    the open descriptor pins the file for the whole transfer, so a file replaced on disk
+    (renamed over) is sent whole, old or new, never a mix. With GET, HEAD, a single Range
+    (If-Range), If-None-Match and If-Modified-Since, as FileResponse answered them."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
 
     async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
         async with request.app[TURNS]:
+            try:
+                file = open(self.path, "rb")  # noqa: SIM115 (closed below, after the send)
+            except OSError:
+                self.set_status(404)
+                return await super().prepare(request)
+            with file:
+                return await self._send(request, file)
+
+    async def _send(self, request: web.BaseRequest, file: BinaryIO) -> AbstractStreamWriter | None:
+        stat = os.fstat(file.fileno())
+        size, etag = stat.st_size, f"{stat.st_mtime_ns:x}-{stat.st_size:x}"
+        self.etag, self.last_modified = etag, stat.st_mtime
+        self.headers[hdrs.ACCEPT_RANGES] = "bytes"
+        self.content_type = "application/octet-stream"
+        if _not_modified(request, etag, stat.st_mtime):
+            self.set_status(304)
             return await super().prepare(request)
+        try:
+            span = request.http_range if _same(request, etag, stat.st_mtime) else slice(None)
+        except ValueError:
+            span = slice(size, None)  # unreadable: 416
+        start, end = span.start, span.stop
+        if start is not None:
+            if start < 0 and end is None:  # the last -start bytes
+                start = max(0, size + start)
+            end = size if end is None else min(end, size)
+            if start >= size or start >= end:
+                self.headers[hdrs.CONTENT_RANGE] = f"bytes */{size}"
+                self.set_status(416)
+                return await super().prepare(request)
+            self.set_status(206)
+            self.headers[hdrs.CONTENT_RANGE] = f"bytes {start}-{end - 1}/{size}"
+        start, end = start or 0, size if end is None else end
+        self.content_length = end - start
+        writer = await super().prepare(request)
+        assert writer is not None
+        if request.method != "HEAD" and end > start:
+            await _send_file(request, writer, file, start, end - start)
+        await self.write_eof()
+        return writer
+
+
+async def _send_file(
+    request: web.BaseRequest, writer: AbstractStreamWriter, file: BinaryIO, at: int, count: int
+) -> None:
+    """`count` bytes of `file` from `at` on the request's connection, by sendfile(2) on a
+    duplicate of its socket: uvloop has no loop.sendfile (aiohttp then reads the file into
+    Python in the thread pool), and asyncio's costs an epoll change per wake-up. Through
+    TLS (operators' image downloads) the bytes go through the transport instead."""
+    transport = request.transport
+    if transport is None:
+        raise ConnectionResetError("connection lost")
+    loop = asyncio.get_running_loop()
+    if transport.get_extra_info("sslcontext") is not None:
+        while count > 0:
+            chunk = await loop.run_in_executor(None, os.pread, file.fileno(), CHUNK, at)
+            if not chunk:
+                raise ConnectionResetError(f"{file.name} shrank while sent")
+            await writer.write(chunk[:count])
+            at, count = at + len(chunk), count - len(chunk)
+        return
+    while transport.get_write_buffer_size():  # the headers first (a full socket buffer)
+        await asyncio.sleep(0.001)
+    socket = os.dup(transport.get_extra_info("socket").fileno())
+    wake: asyncio.Future[None] = loop.create_future()
+
+    def writable() -> None:
+        if not wake.done():
+            wake.set_result(None)
+
+    loop.add_writer(socket, writable)  # for the whole transfer: one epoll change, not many
+    try:
+        while count > 0:
+            try:
+                sent = os.sendfile(socket, file.fileno(), at, count)
+            except BlockingIOError:
+                sent = -1
+            if sent == 0:
+                raise ConnectionResetError(f"{file.name} shrank while sent")
+            if sent > 0:
+                at, count = at + sent, count - sent
+            if count > 0:  # the socket's buffer is full: wait for room
+                wake = loop.create_future()
+                await wake
+    finally:
+        loop.remove_writer(socket)
+        os.close(socket)
+
+
+def _not_modified(request: web.BaseRequest, etag: str, mtime: float) -> bool:
+    """304: the client's copy (named by ETag, else by date) is this file."""
+    if (tags := request.if_none_match) is not None:
+        return any(tag.value in (etag, "*") for tag in tags)
+    since = request.if_modified_since
+    return since is not None and int(mtime) <= since.timestamp()
+
+
+def _same(request: web.BaseRequest, etag: str, mtime: float) -> bool:
+    """A Range applies: no If-Range, or it names this very file (else the whole file)."""
+    if (tag := request.headers.get(hdrs.IF_RANGE)) is None:
+        return True
+    since = request.if_range
+    return tag.strip('"') == etag if since is None else int(mtime) <= since.timestamp()
 
 
 def _check_entitled(request: web.Request, digest: str) -> None:
