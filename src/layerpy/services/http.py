@@ -68,6 +68,7 @@ CATALOG: web.AppKey[Catalog] = web.AppKey("catalog", Catalog)
 OPERATOR = "operator"  # request key: the authenticated operator (operator listeners only)
 TRANSFERS = 64  # files sent at once; the others wait their turn (a storm queues, not fails)
 CHUNK = 256 * 1024  # bytes read at a time where sendfile cannot go (TLS)
+STALL = 60  # seconds a transfer waits for its client to read before dropping it
 IMAGE_FILES = ("rootfs.tar", "rootfs.squashfs", "config.json")
 METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
 
@@ -346,7 +347,12 @@ async def _send_file(
                 at, count = at + sent, count - sent
             if count > 0:  # the socket's buffer is full: wait for room
                 wake = loop.create_future()
-                await wake
+                try:
+                    async with asyncio.timeout(STALL):
+                        await wake
+                except TimeoutError:  # a client that stops reading must not keep its turn
+                    transport.abort()
+                    raise ConnectionResetError(f"no room to send for {STALL} s") from None
     finally:
         loop.remove_writer(socket)
         os.close(socket)
