@@ -48,6 +48,7 @@ IPXE = Path("/usr/lib/ipxe")
 PHASES = ("dhcp", "tftp", "dhcp_ipxe", "script", "kernel", "initrd", "dhcp_os", "hello",
           "ready", "image", "active")  # fmt: skip
 SERVER_CPU, CLIENT_CPU = "0", "1"
+BYSTANDER = "10.81.255.254"  # an address of the nodes' namespace that no node has
 
 
 def mac(index: int) -> str:
@@ -184,6 +185,24 @@ http {{
     ]
 
 
+def link_rate(pair: Pair, directory: Path) -> float:
+    """Bytes a second the veth carries from the server's core to the nodes' core: nginx
+    (sendfile) to eight curl at once, pinned as the storm is. What the storm's bytes need
+    at least is their sum over this rate."""
+    www, size, streams = directory / "www", 256 << 20, 8
+    with (www / "link.bin").open("wb") as sink:
+        sink.truncate(size)  # a sparse file: the page cache serves zeros, no disk
+    urls = [f"http://{SERVER}:8080/link.bin"] * streams
+    fetch = ["taskset", "-c", CLIENT_CPU, "curl", "-sS", "--interface", BYSTANDER,
+             "--parallel", "--parallel-max", str(streams),
+             *(arg for url in urls for arg in ("-o", "/dev/null", url))]  # fmt: skip
+    began = time.monotonic()
+    pair.nodes.run(*fetch, timeout=300)
+    rate = size * streams / (time.monotonic() - began)
+    (www / "link.bin").unlink()
+    return rate
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU of a process and its children that were waited for."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -252,7 +271,7 @@ def summary(report: dict, phases: tuple[str, ...]) -> dict:
             retries[what] = retries.get(what, 0) + count
     moved = [n["name"] for n in nodes if len(n["addresses"]) > 1]
     return {"phases": per_phase, "failed": failed, "retries": retries, "moved": moved,
-            "bytes": sum(n["bytes"] for n in nodes)}  # fmt: skip
+            "bytes": sum(n["bytes"] for n in nodes), "client_cpu": report["cpu"]}  # fmt: skip
 
 
 def main() -> None:
@@ -280,6 +299,7 @@ def main() -> None:
                 if time.monotonic() > deadline:
                     sys.exit(f"the reference did not start: {directory}/reference.log")
                 time.sleep(0.1)
+            args.link_rate = link_rate(pair, directory)
             before = sum(cpu_seconds(p.pid) for p in servers)
             began = time.monotonic()
             report = storm(pair, directory, listing, args, "initrd")
@@ -331,7 +351,11 @@ def show(args: argparse.Namespace, results: dict[str, dict]) -> None:
     for stack, result in results.items():
         print(f"\n{stack}: {len(result['failed'])} failed, retries {result['retries'] or 0}, "
               f"server CPU {result['cpu']:.1f} s, peak RSS {result['rss']:.0f} MB, "
-              f"{result['bytes'] / 1e9:.2f} GB moved")  # fmt: skip
+              f"{result['bytes'] / 1e9:.2f} GB moved; the nodes' process used "
+              f"{result['client_cpu']:.1f} s of CPU in {result['wall']:.1f} s")  # fmt: skip
+        if rate := getattr(args, "link_rate", None):
+            print(f"  the bytes alone need {result['bytes'] / rate:.1f} s at the veth's "
+                  f"{rate / 1e9:.2f} GB/s (nginx to curl, same cores)")  # fmt: skip
         if result.get("killed_at") is not None:
             print(
                 f"  layerpy killed (SIGKILL) and restarted at {result['killed_at']:g} s; "

@@ -23,6 +23,7 @@ import json
 import os
 import random
 import re
+import resource
 import socket
 import struct
 import sys
@@ -382,8 +383,10 @@ async def main() -> None:
         await boot(node, args, dhcp, began)
 
     await asyncio.gather(*(arrive(i, node) for i, node in enumerate(nodes)))
+    used = resource.getrusage(resource.RUSAGE_SELF)
     json.dump({"nodes": [vars(n) | {"mac": n.mac.hex(":")} for n in nodes],
-               "seconds": time.monotonic() - began}, sys.stdout)  # fmt: skip
+               "seconds": time.monotonic() - began,
+               "cpu": used.ru_utime + used.ru_stime}, sys.stdout)  # fmt: skip
     sys.stdout.flush()
     os._exit(0)  # sockets of a thousand nodes: no need to tidy them one by one
 
