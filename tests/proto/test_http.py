@@ -244,13 +244,13 @@ def test_the_boot_network_gets_no_operator_api(host: Host) -> None:
 
 
 def test_operators_need_a_token_with_the_right_scope(host: Host, tmp_path: Path) -> None:
-    curl(host, f"{BASE}/boot/cn001.ipxe", source="10.66.0.11")  # a boot token in boots.json
+    curl(host, f"{BASE}/boot/cn001.ipxe", source="10.66.0.11")  # a boot token in boots.jsonl
     state = tmp_path / "state"
     admin = (state / "admin.token").read_text().strip()
     assert admin.startswith("lpy_") and admin not in (state / "tokens.json").read_text()
     modes = {p.name: p.stat().st_mode & 0o777 for p in (state, *state.iterdir())}
     assert modes["state"] == 0o700 and modes["api.sock"] == 0o600, modes
-    assert modes["admin.token"] == modes["tokens.json"] == modes["boots.json"] == 0o600, modes
+    assert modes["admin.token"] == modes["tokens.json"] == modes["boots.jsonl"] == 0o600, modes
 
     code, body = tcp_api(host, "/api/v1/nodes")
     assert code == 401 and "an operator token is needed" in body

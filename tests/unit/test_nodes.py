@@ -420,7 +420,7 @@ def test_report_fields_are_validated(inventory: NodeStore, field, value, reason)
 
 def test_state_files_are_private(inventory: NodeStore) -> None:
     boot_to_ready(inventory)
-    path = inventory.config.server.state_dir / "boots.json"
+    path = inventory.config.server.state_dir / "boots.jsonl"
     assert path.stat().st_mode & 0o077 == 0  # it holds boot tokens
 
 

@@ -16,6 +16,7 @@ from layerpy.catalog import Catalog
 from layerpy.config import Config
 from layerpy.engine import Engine, Graph, NoPath
 from layerpy.files import Deliveries, RenderError
+from layerpy.journal import Journal
 from layerpy.lifecycle.actions import ACTIONS
 from layerpy.lifecycle.table import BOOT_TIMEOUT, VARIABLES, desired, mutations
 from layerpy.logs import Throttle
@@ -35,7 +36,7 @@ files_log = Throttle(logging.getLogger("layerpy.files"))  # may fail at every re
 # node fields the engine's variables are read from
 ENGINE_FIELDS = frozenset({"power", "run_state", "busy", "image_state", "image_digest"})
 CLOSE_TIMEOUT = 3.0  # seconds for all power drivers to log out at shutdown
-ASSIGNED = "assigned.json"  # in the state directory: what each node's agent is told to run
+ASSIGNED = "assigned.jsonl"  # a Journal in the state directory: what each agent runs
 
 
 class Lifecycle:
@@ -49,6 +50,7 @@ class Lifecycle:
         # node -> (image name, digest) its agent is told to run, until the engine assigns
         # another: a node whose wanted image fails to pull stays on this one. Kept across
         # restarts: a restarted server that told a running node "no image" would stop it.
+        self._assignments = Journal(store.config.server.state_dir / ASSIGNED, key="node")
         self.assigned = self._load_assigned()
         self.deliveries = Deliveries()
         server = store.config.server  # its keys are fixed until a restart
@@ -136,21 +138,26 @@ class Lifecycle:
 
     def assign(self, name: str, image: tuple[str, str] | None) -> None:
         """Tell the node's agent to run (image name, digest) from its next answer on (None:
-        nothing yet, as for a new boot); saved before the answer can say it."""
+        nothing yet, as for a new boot); journalled before the answer can say it."""
         if self.assigned.get(name) == image:
             return
         if image is None:
             del self.assigned[name]
         else:
             self.assigned[name] = image
-        self.store.files.write(ASSIGNED, {node: list(pair) for node, pair in self.assigned.items()})
+        try:
+            self._assignments.append([_assignment(name, image)])
+            if self._assignments.crowded(len(self.assigned)):
+                self._assignments.rewrite([_assignment(n, i) for n, i in self.assigned.items()])
+        except OSError as error:
+            images_log.error("cannot save %s: %s", self._assignments.path, error.strerror)
 
     def _load_assigned(self) -> dict[str, tuple[str, str]]:
         found: dict[str, tuple[str, str]] = {}
-        for name, pair in self.store.files.read(ASSIGNED).items():
-            strings = isinstance(pair, list) and all(isinstance(part, str) for part in pair)
-            if name in self.store.nodes and strings and len(pair) == 2:
-                found[name] = (pair[0], pair[1])
+        for record in self._assignments.replay():
+            name, image, digest = record.get("node"), record.get("image"), record.get("digest")
+            if name in self.store.nodes and isinstance(image, str) and isinstance(digest, str):
+                found[name] = (image, digest)
         return found
 
     # -- desired state -----------------------------------------------------------------
@@ -275,3 +282,9 @@ class Lifecycle:
 
     def explain(self, name: str) -> dict[str, Any]:
         return {"name": name, **self.status(name), **self.engine.explain(name)}
+
+
+def _assignment(node: str, image: tuple[str, str] | None) -> dict[str, str | None]:
+    """One line of the assignments' journal (no image: the node was told none)."""
+    name, digest = image or (None, None)
+    return {"node": node, "image": name, "digest": digest}

@@ -23,6 +23,7 @@ from ipaddress import IPv4Address
 from typing import Any
 
 from layerpy.config import Config
+from layerpy.journal import Journal
 from layerpy.logs import Throttle
 from layerpy.model import Boot, Busy, ImageState, Node, Phase, PowerState, RunState
 from layerpy.nodes.discovery import DISCOVERY, Discovery
@@ -34,7 +35,8 @@ from layerpy.proto.agent import ContractError, Event, Identity, ProtocolMismatch
 log = logging.getLogger("layerpy.nodes")
 quiet = Throttle(log)  # what the boot network can cause at will: a few lines a minute
 
-TOKENS = "boots.json"
+TOKENS = "boots.jsonl"  # a Journal: one line per new boot token or boot id
+OLD_TOKENS = "boots.json"  # before: the whole table, rewritten at every boot; read once
 ALIVE = (RunState.INIT, RunState.READY)
 FATAL_ON_CONSOLE = {"panic"}  # the console problems after which a node cannot go on
 # The engine's variables, as node fields (the engine concludes values of these itself)
@@ -71,6 +73,7 @@ class NodeStore:
         self.unknown = Discovery()
         self._reporting: OrderedDict[str, float] = OrderedDict()  # oldest report first
         self._resumed: set[str] = set()  # boots from before a restart, not heard from since
+        self._tokens = Journal(config.server.state_dir / TOKENS, key="node")
         self._load_tokens()
 
     def apply(self, config: Config) -> tuple[set[str], set[str], set[str]]:
@@ -190,7 +193,7 @@ class NodeStore:
         assert node.boot is not None
         node.boot.token = secrets.token_urlsafe(18)
         self.mark(node, Phase.SCRIPT)
-        self._save_tokens()
+        self._save_token(node)
         return node.boot.token
 
     def discovery_token(self, mac: str) -> str | None:
@@ -287,7 +290,7 @@ class NodeStore:
             boot.token = token
         if boot.boot_id is None:
             boot.boot_id = report.boot_id
-            self._save_tokens()
+            self._save_token(node)
         self._reporting.pop(node.name, None)
         self._reporting[node.name] = now
         self._agent_facts(node, report, now)
@@ -412,7 +415,7 @@ class NodeStore:
         """Tell an agent to carry on as `node`: a new boot of that node, with its own token."""
         boot = self._start_boot(node, "identity by location")
         boot.token = secrets.token_urlsafe(18)
-        self._save_tokens()
+        self._save_token(node)
         return Ack(node.name, Identity(node.name, boot.token))
 
     def _authenticate(self, report: Report) -> Node:
@@ -523,18 +526,34 @@ class NodeStore:
         )
         return node.boot
 
-    def _save_tokens(self) -> None:
-        records = {
-            n.name: {"token": n.boot.token, "boot_id": n.boot.boot_id, "boots": n.boots}
-            for n in self.nodes.values()
-            if n.boot and n.boot.token
-        }
-        self.files.write(TOKENS, records)
+    def _token_record(self, node: Node) -> dict[str, Any]:
+        boot = node.boot
+        assert boot is not None
+        return {"node": node.name, "token": boot.token, "boot_id": boot.boot_id,
+                "boots": node.boots}  # fmt: skip
+
+    def _token_records(self) -> list[dict[str, Any]]:
+        return [self._token_record(n) for n in self.nodes.values() if n.boot and n.boot.token]
+
+    def _save_token(self, node: Node) -> None:
+        """Journal the node's boot token and boot id before the answer that depends on them:
+        one line, where rewriting every node's cost a storm of a thousand boots seconds."""
+        try:
+            self._tokens.append([self._token_record(node)])
+            if self._tokens.crowded(len(self.nodes)):
+                self._tokens.rewrite(self._token_records())
+        except OSError as error:
+            log.error("cannot save %s: %s", self._tokens.path, error.strerror)
 
     def _load_tokens(self) -> None:
-        for name, record in self.files.read(TOKENS).items():
-            node = self.nodes.get(name)
-            if node is None or not isinstance(record, dict):
+        records = self._tokens.replay()
+        old = self.files.read(OLD_TOKENS) if not records else {}
+        for name, record in old.items():
+            records.append({"node": name} | record if isinstance(record, dict) else {})
+        for record in records:
+            name = record.get("node")
+            node = self.nodes.get(name) if isinstance(name, str) else None
+            if node is None:
                 continue
             token, boot_id = record.get("token"), record.get("boot_id")
             node.boot = Boot(
@@ -545,4 +564,10 @@ class NodeStore:
             boots = record.get("boots")
             node.boots = boots if isinstance(boots, int) else 0
             if node.boot.token and node.boot.boot_id:
-                self._resumed.add(name)
+                self._resumed.add(node.name)
+        if old:  # into the journal, whole, once
+            try:
+                self._tokens.rewrite(self._token_records())
+                (self.files.directory / OLD_TOKENS).unlink()
+            except OSError as error:
+                log.error("cannot move %s to %s: %s", OLD_TOKENS, TOKENS, error.strerror)
