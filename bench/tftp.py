@@ -55,8 +55,12 @@ def cpu_seconds(pid: int) -> float:
 
 
 def children(pid: int) -> list[int]:
-    tasks = Path(f"/proc/{pid}/task").iterdir()
-    return [int(child) for task in tasks for child in (task / "children").read_text().split()]
+    """The processes `pid` forked (atftpd's threads come and go meanwhile)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            found += [int(child) for child in (task / "children").read_text().split()]
+    return found
 
 
 def fetch(ns: Netns, argv: list[str], server: int) -> tuple[float, float]:
