@@ -5,4 +5,4 @@ cd "$(dirname "$0")/.."
 vm-lab/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-exec .venv/bin/pytest -q -rs "$@"
+exec .venv/bin/pytest -q -rs --durations=20 "$@"

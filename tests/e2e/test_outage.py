@@ -2,7 +2,7 @@
 of ``layerpy serve`` and a long outage, and report back to the restarted server (same
 state directory) without a reboot, a power command or a container restart.
 
-The outage lasts ``LAYERPY_OUTAGE_SECONDS`` (60 s by default, short enough for CI; the
+The outage lasts ``LAYERPY_OUTAGE_SECONDS`` (30 s by default, short enough for CI; the
 figure in docs/scale.md is a 600 s run). Each container prints one line on its node's
 console when it starts (with the VM's uptime then): its identity, from inside the VM.
 """
@@ -20,7 +20,7 @@ from session import LabSession, lab_text
 
 pytestmark = pytest.mark.e2e
 
-OUTAGE = float(os.environ.get("LAYERPY_OUTAGE_SECONDS", "60"))
+OUTAGE = float(os.environ.get("LAYERPY_OUTAGE_SECONDS", "30"))
 NODES = ["cn001", "cn002"]
 ADDRESSES = {"cn001": "10.99.0.11", "cn002": "10.99.0.12"}
 HEARTBEAT = 2  # configs/lab.toml
