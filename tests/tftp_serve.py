@@ -12,6 +12,7 @@ import signal
 from dataclasses import asdict
 from pathlib import Path
 
+from layerpy.services import run
 from layerpy.services.tftp import TftpEvent, start_tftp
 
 
@@ -49,4 +50,4 @@ if __name__ == "__main__":
     parser.add_argument("--debug", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO)
-    asyncio.run(serve(args))
+    run(serve(args))

@@ -156,6 +156,7 @@ def serve(config_path: Path, debug: bool, state_dir: Path | None) -> None:
     """Run DHCP, TFTP and HTTP for the nodes in the node file."""
     from layerpy.server import StartRefused, collector_paused
     from layerpy.server import serve as run_server
+    from layerpy.services import run
 
     with collector_paused():
         config = _load_or_exit(config_path)
@@ -165,7 +166,7 @@ def serve(config_path: Path, debug: bool, state_dir: Path | None) -> None:
     )
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
     try:
-        asyncio.run(run_server(config, state_dir=state_dir))
+        run(run_server(config, state_dir=state_dir))
     except (OSError, StartRefused) as error:
         click.echo(f"layerpy serve: {error}", err=True)
         sys.exit(1)
