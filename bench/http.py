@@ -23,6 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from reference import cpu_seconds, nginx_config  # noqa: E402
+
 from netns import Link  # noqa: E402
 from nodefile import BOOT_SECTIONS, write_boot_files  # noqa: E402
 from packages import install_missing  # noqa: E402
@@ -32,34 +34,6 @@ SERVER, NODE, SIZE = "10.78.0.1", "10.78.0.11", 15 * 1024 * 1024
 PORTS = {"nginx": 8081, "layerpy": 8080}
 FETCHES, PARALLEL = 64, 8  # per case, server and round: 64 fetches (1 GB), 8 at once
 SERVER_CPU, CLIENT_CPU = "0", "1"
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a whole process (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def nginx_conf(directory: Path, kernel: Path) -> Path:
-    path = directory / "nginx.conf"
-    path.write_text(f"""\
-master_process off;
-daemon off;
-user root;
-pid {directory}/nginx.pid;
-error_log {directory}/nginx.err;
-events {{ worker_connections 1024; }}
-http {{
-  access_log off;
-  sendfile on;
-  client_body_temp_path {directory}/nginx-tmp;
-  server {{
-    listen {SERVER}:{PORTS["nginx"]};
-    location = /minos/kernel {{ alias {kernel}; }}
-  }}
-}}
-""")
-    return path
 
 
 def node_file(directory: Path, interface: str) -> Path:
@@ -120,9 +94,10 @@ def main(rounds: int) -> None:
             config = node_file(directory, link.server_if)
             kernel = directory / "vmlinuz"
             digest = hashlib.sha256(kernel.read_bytes()).hexdigest()
+            route = f"location = /minos/kernel {{ alias {kernel}; }}"
+            nginx = nginx_config(directory, f"listen {SERVER}:{PORTS['nginx']}; {route}", 1024)
             servers = {
-                "nginx": start(link, directory, "nginx",
-                               ["nginx", "-c", str(nginx_conf(directory, kernel))]),
+                "nginx": start(link, directory, "nginx", ["nginx", "-c", str(nginx)]),
                 "layerpy": start(link, directory, "layerpy",
                                  [str(LAYERPY), "serve", "-c", str(config)]),
             }  # fmt: skip

@@ -37,6 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from reference import cpu_seconds, nginx_config  # noqa: E402
+
 from netns import Netns  # noqa: E402
 from oci import build_image  # noqa: E402
 
@@ -161,22 +163,7 @@ tftp-max=2000
 pid-file={directory}/dnsmasq.pid
 user=root
 """)
-    nginx = directory / "nginx.conf"
-    nginx.write_text(f"""\
-worker_processes 1;
-user root;
-daemon off;
-pid {directory}/nginx.pid;
-error_log {directory}/nginx.err;
-events {{ worker_connections 8192; }}
-http {{
-  access_log off;
-  sendfile on;
-  keepalive_requests 1000;
-  client_body_temp_path {directory}/nginx-tmp;
-  server {{ listen {SERVER}:8080; root {www}; }}
-}}
-""")
+    nginx = nginx_config(directory, f"listen {SERVER}:8080; root {www};", 8192)
     pin = ["taskset", "-c", SERVER_CPU]
     log = (directory / "reference.log").open("wb")
     return [
@@ -201,12 +188,6 @@ def link_rate(pair: Pair, directory: Path) -> float:
     rate = size * streams / (time.monotonic() - began)
     (www / "link.bin").unlink()
     return rate
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process and its children that were waited for."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def peak_rss(pid: int) -> float:

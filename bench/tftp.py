@@ -24,6 +24,8 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
 
+from reference import cpu_seconds  # noqa: E402
+
 from netns import Link, Netns  # noqa: E402
 from packages import install_missing  # noqa: E402
 
@@ -46,12 +48,6 @@ def atftpd_binary() -> Path:
             (deb,) = Path(tmp).glob("atftpd_*.deb")
             subprocess.run(["dpkg-deb", "-x", str(deb), str(CACHE / "atftpd")], check=True)
     return binary
-
-
-def cpu_seconds(pid: int) -> float:
-    """A process's CPU, its reaped children's included."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(tick) for tick in fields[11:15]) / TICK
 
 
 def children(pid: int) -> list[int]:

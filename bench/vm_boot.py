@@ -40,6 +40,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT / "vm-lab")  # not bench/: its http.py would hide the stdlib's
+sys.path.append(str(ROOT / "bench"))  # last, for the same reason
+
+from reference import nginx_config  # noqa: E402
 
 from lab import ANSI, Lab, Vm, VmSpec  # noqa: E402
 from session import LabSession  # noqa: E402
@@ -250,21 +253,7 @@ dhcp-option=tag:ipxe,encap:175,176,1
 pid-file={run}/dnsmasq.pid
 user=root
 """)
-    nginx = run / "nginx.conf"
-    nginx.write_text(f"""\
-worker_processes 1;
-user root;
-daemon off;
-pid {run}/nginx.pid;
-error_log {run}/nginx.err;
-events {{ worker_connections 64; }}
-http {{
-  access_log off;
-  sendfile on;
-  client_body_temp_path {run}/nginx-tmp;
-  server {{ listen {SERVER}:8080; root {www}; }}
-}}
-""")
+    nginx = nginx_config(run, f"listen {SERVER}:8080; root {www};", 64)
     lab.popen(["dnsmasq", "-k", f"--conf-file={conf}"], log=run / "dnsmasq.log")
     lab.popen(["nginx", "-c", str(nginx)], log=run / "nginx.log")
     deadline = time.monotonic() + 30
