@@ -3,8 +3,10 @@ of ``layerpy serve`` and a long outage, and report back to the restarted server 
 state directory) without a reboot, a power command or a container restart.
 
 The outage lasts ``LAYERPY_OUTAGE_SECONDS`` (30 s by default, short enough for CI; the
-figure in docs/scale.md is a 600 s run). Each container prints one line on its node's
-console when it starts (with the VM's uptime then): its identity, from inside the VM.
+figure in docs/scale.md is a 600 s run), and at least until the nodes' DHCP leases (10 s
+here) ran out: a node keeps its address past its lease while no server answers. Each
+container prints one line on its node's console when it starts (with the VM's uptime
+then): its identity, from inside the VM.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ START = r"\[sleeper\] SLEEPER-START at (\S+)"
 SLEEP = "echo SLEEPER-START at $(cut -d' ' -f1 /proc/uptime); exec sleep 1000000"
 # what the agent prints when its container stops or dies
 STOPPED = re.compile(r"stopping, the server wants none|container exited|container of .* is gone")
+LEASE = 10  # seconds (busybox udhcpc may round it up to 30): it runs out within the outage
+KEPT = "udhcpc: no lease on eth0 now; keeping {address} until a DHCP server answers"
+BOUND = "udhcpc: bound {address}/"
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +41,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
     run_dir = tmp_path_factory.mktemp("outage")
     layout = build_image(run_dir / "oci", "sleeper", "SLEEPER-IMAGE")
     text = lab_text().replace('power = "on"\n', 'power = "on"\nimage = "sleeper"\n', 1)
+    text = text.replace("lease_time = 3600", f"lease_time = {LEASE}", 1)
     text += f'\n[images.sleeper]\nsource = "oci-layout:{layout}:latest"\n'
     text += f'command = ["/bin/sh", "-c", "{SLEEP}"]\n'
     config = run_dir / "nodes.toml"
@@ -85,11 +91,23 @@ def test_nodes_keep_their_containers_while_the_server_is_down(lab: LabSession) -
 
     lab.crash()
     time.sleep(OUTAGE)  # the outage itself: what is being tested
+
+    def outlived_lease() -> bool:
+        return all(
+            KEPT.format(address=ADDRESSES[n]) in since(lab.lab.vms[n].serial_log, serial_marks[n])
+            for n in NODES
+        )
+
+    deadline = time.monotonic() + 180  # generous: a lease of at most 30 s, a busy machine
+    while not outlived_lease():  # not lab.wait: that stops when the server is not running
+        assert time.monotonic() < deadline, "both nodes' leases running out: not in 180 s"
+        time.sleep(0.5)
     assert all(lab.lab.vms[n].alive() for n in NODES)
     down = {n: since(lab.lab.vms[n].serial_log, serial_marks[n]) for n in NODES}
     for name in NODES:  # the agents noticed, and kept trying; the addresses stayed
         assert "server unreachable since uptime" in down[name], down[name][-2000:]
         assert answers_ping(lab, ADDRESSES[name]), f"{name} lost {ADDRESSES[name]}"
+    outage_marks = {n: lab.lab.vms[n].serial_log.stat().st_size for n in NODES}
 
     restarted = time.time()
     log_start = lab.serve()
@@ -105,6 +123,14 @@ def test_nodes_keep_their_containers_while_the_server_is_down(lab: LabSession) -
         )
 
     lab.wait(lambda: back(serving), 240, "both nodes reporting again, ready, image active")
+
+    def leased_again() -> bool:  # udhcpc retries every ~40 s while no server answered
+        return all(
+            BOUND.format(address=ADDRESSES[n]) in since(lab.lab.vms[n].serial_log, outage_marks[n])
+            for n in NODES
+        )
+
+    lab.wait(leased_again, 240, "both nodes leasing their addresses from the server again")
     took = time.time() - restarted
     # three heartbeats more: whatever the first answers told the agents is done by then
     settled = time.time() + 3 * HEARTBEAT

@@ -530,17 +530,21 @@ def test_redo_dhcp_releases_then_asks_again(tmp_path) -> None:
             return "10.99.0.12" if started else ""
 
     nic = FakeNic("", "discover", lambda msg: None, lambda: 1.0, run_dir=str(tmp_path))
+    nic.name = "eth0"
+    lease = tmp_path / "lease-eth0.env"  # the script keeps the address of a lease on file
+    lease.write_text("ip=10.99.0.200\n")
     got = tmp_path / "signals"
     udhcpc = subprocess.Popen(  # stands in for busybox udhcpc: notes the signals it gets
-        ["sh", "-c", f"trap 'echo usr2 >>{got}' USR2; trap 'echo term >>{got}; rm {nic.pidfile};"
-         f" exit' TERM; echo $$ >{nic.pidfile}; while :; do sleep 0.01; done"]
+        ["sh", "-c", f"trap '[ -e {lease} ] && echo usr2-kept >>{got} || echo usr2 >>{got}' USR2;"
+         f" trap 'echo term >>{got}; rm {nic.pidfile}; exit' TERM; echo $$ >{nic.pidfile};"
+         " while :; do sleep 0.01; done"]
     )  # fmt: skip
     try:
         while not os.path.exists(nic.pidfile):
             time.sleep(0.01)
         assert nic.redo_dhcp("cn002", time.sleep, wait=1.0) == "10.99.0.12"
         assert udhcpc.wait(60) == 0  # generous: a busy machine runs the traps late
-        assert got.read_text().split() == ["usr2", "term"]  # release, then exit
+        assert got.read_text().split() == ["usr2", "term"]  # release (lease dropped), exit
         assert started == ["cn002"]  # a fresh DISCOVER with the new hostname
     finally:
         udhcpc.kill()  # never left behind, whatever failed

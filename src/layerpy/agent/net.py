@@ -224,12 +224,15 @@ class Nic:
     def redo_dhcp(self, hostname: str, sleep: Callable[[float], object], wait: float = 30.0) -> str:
         """Drop the lease and ask afresh as `hostname`: a new identity has its own address.
 
-        The running udhcpc is told to release (SIGUSR2, so the server frees the old address)
+        The lease file goes first, so that the script's deconfig drops the address. The
+        running udhcpc is told to release (SIGUSR2, so the server frees the old address)
         and then to exit (SIGTERM; it handles them in that order). A new udhcpc starts with a
         DISCOVER that carries the new hostname. Returns the new address, "" if none came in
         `wait` seconds (udhcpc keeps trying in the background).
         """
         self.hostname = hostname
+        with contextlib.suppress(OSError):  # the script keeps the address of a lease on file
+            os.unlink(os.path.join(self.run_dir, f"lease-{self.name}.env"))
         pid = _pid_alive(self.pidfile)
         if pid:
             for sig in (signal.SIGUSR2, signal.SIGTERM):
