@@ -143,9 +143,10 @@ FAMILIES = {
         counted=Counted(
             "layerpy_http_rejected",
             "reason",
-            "HTTP connections refused over the connection limit (refused), and requests "
-            "that could not be parsed (malformed).",
-            ("refused", "malformed"),
+            "HTTP connections refused over the connection limit (refused), requests "
+            "that could not be parsed (malformed), and file transfers dropped because "
+            "their client took nothing for send_timeout seconds (stalled).",
+            ("refused", "malformed", "stalled"),
         ),
     ),
     "bmc": Family(

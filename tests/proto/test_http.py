@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from layerpy.files import revision
 from layerpy.proto.agent import FILES_PATH, PROTOCOL, Answer, FilesSpec, encode
 
 from netns import Netns
+from oci import build_image
 
 LAYERPY = Path(sys.executable).parent / "layerpy"
 BASE = "http://10.66.0.1:8080"
@@ -582,7 +584,9 @@ def test_operators_over_https(make_config, tmp_path: Path) -> None:
         check=True, capture_output=True,
     )  # fmt: skip
     tls = f'\n[api]\nlisten = ["10.66.0.1:8443"]\ntls_cert = "{cert}"\ntls_key = "{key}"\n'
-    config = make_config(server="10.66.0.1", interface="d0", more=tls)
+    build_image(tmp_path / "layout", "a", "IMAGE-A-MARKER", {"srv/big": os.urandom(1 << 20)})
+    image = '\n[images.a]\nsource = "oci-layout:layout:latest"\n'
+    config = make_config(server="10.66.0.1", interface="d0", more=tls + image)
     with serving(config, tmp_path) as host:
         admin = (tmp_path / "state" / "admin.token").read_text().strip()
         https = ["curl", "-s", "--cacert", str(cert), "-o", "/dev/null", "-w", "%{http_code}"]
@@ -590,6 +594,24 @@ def test_operators_over_https(make_config, tmp_path: Path) -> None:
         auth = ["-H", f"Authorization: Bearer {admin}"]
         assert host.ns.run(*https, *auth, url).stdout == "200"
         assert host.ns.run(*https, url).stdout == "401"
+        # an image file through TLS (read in chunks, not sendfile): the bytes the operator
+        # socket sends by sendfile, whole and in a range that ends inside a chunk
+        deadline = time.monotonic() + 60
+        while not (ready := [i for i in json.loads(api(host, "/api/v1/images")[1])
+                             if i.get("state") == "ready"]):  # fmt: skip
+            assert time.monotonic() < deadline, api(host, "/api/v1/images")[1]
+            time.sleep(0.2)
+        path = f"/images/{ready[0]['digest']}/rootfs.tar"
+        plain, tls_copy = tmp_path / "plain.tar", tmp_path / "tls.tar"
+        host.ns.run("curl", "-sf", "--unix-socket", str(host.socket), "-o", str(plain),
+                    f"http://layerpy{path}")  # fmt: skip
+        get = ["curl", "-sf", "--cacert", str(cert), *auth]
+        host.ns.run(*get, "-o", str(tls_copy), f"https://10.66.0.1:8443{path}")
+        whole = plain.read_bytes()
+        assert len(whole) > 4 * 256 * 1024 and tls_copy.read_bytes() == whole
+        part = tmp_path / "part"
+        host.ns.run(*get, "-r", "1000-300000", "-o", str(part), f"https://10.66.0.1:8443{path}")
+        assert part.read_bytes() == whole[1000:300001]
         plain = host.ns.run("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
                             "http://10.66.0.1:8443/api/v1/nodes", check=False)  # fmt: skip
         assert plain.stdout != "200"
@@ -612,6 +634,63 @@ def test_a_request_that_never_ends_is_closed(host: Host) -> None:
     closed, after = host.ns.run(sys.executable, "-c", SLOW_HEADERS, timeout=90).stdout.split()
     print(f"\nincomplete headers: closed after {after} s")
     assert closed == "True" and float(after) < 30
+
+
+STALLER = r"""
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the server fills up
+s.bind(("10.66.0.99", 0))
+s.connect(("10.66.0.1", 8080))
+s.sendall(b"GET /minos/kernel HTTP/1.1\r\nHost: x\r\n\r\n")
+print("asked", flush=True)
+sys.stdin.read()  # reads nothing until told to
+got = 0
+try:
+    while chunk := s.recv(1 << 20):
+        got += len(chunk)
+    print("closed", got)
+except ConnectionResetError:
+    print("reset", got)
+"""
+
+
+def test_a_client_that_stops_reading_loses_its_transfer(make_config, tmp_path: Path) -> None:
+    """A client that asks for a file and reads nothing is dropped after send_timeout, its
+    turn freed, counted and said once; a node fetching at the same time is not held up."""
+    config = make_config(server="10.66.0.1", interface="d0")
+    config.path.write_text(
+        config.path.read_text().replace("[server]\n", "[server]\nsend_timeout = 2\n")
+    )
+    kernel = tmp_path / "vmlinuz"
+    kernel.write_bytes(os.urandom(32 << 20))  # far more than both sides' socket buffers
+    with serving(config, tmp_path) as host:
+        staller = host.ns.popen([sys.executable, "-c", STALLER], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE)  # fmt: skip
+        try:
+            assert staller.stdout.readline() == b"asked\n"
+            fetched = tmp_path / "fetched"
+            curl(host, "-o", str(fetched), f"{BASE}/minos/kernel", source="10.66.0.11")
+            assert fetched.read_bytes() == kernel.read_bytes()
+
+            def stalled() -> int:
+                stats = json.loads(api(host, "/api/v1/stats")[1]).get("http", {})
+                return stats.get("stalled", {}).get("requests", 0)
+
+            deadline = time.monotonic() + 60  # generous: 2 s, on a busy machine
+            while stalled() < 1:
+                assert time.monotonic() < deadline, "the stalled transfer dropped: not in 60 s"
+                time.sleep(0.2)
+            staller.stdin.close()
+            how, got = staller.stdout.read().decode().split()
+            assert how in ("reset", "closed") and int(got) < kernel.stat().st_size, (how, got)
+        finally:
+            staller.kill()
+            staller.wait()
+        assert stalled() == 1
+    log = (tmp_path / "serve.log").read_text()
+    said = "dropped the transfer of vmlinuz to 10.66.0.99: it took nothing in 2 s"
+    assert log.count(said) == 1, log[-2000:]
 
 
 def test_uefi_http_boot_fetches_only_the_named_binaries(host: Host, tmp_path: Path) -> None:

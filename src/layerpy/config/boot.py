@@ -40,6 +40,7 @@ def server(r: Reader, data: dict[str, Any], network: NetworkConfig | None) -> Se
         "identity",
         "other_dhcp",
         "dhcp_probe",
+        "send_timeout",
     }
     table = r.table(data, "server", keys)
     get = r.getter(table, "server")
@@ -73,6 +74,7 @@ def server(r: Reader, data: dict[str, Any], network: NetworkConfig | None) -> Se
         identity=get("identity", str, values.choice(IDENTITY_MODES), default="location"),
         other_dhcp=get("other_dhcp", str, values.choice(OTHER_DHCP), default="refuse"),
         dhcp_probe=float(get("dhcp_probe", (int, float), values.not_negative, default=4.0)),
+        send_timeout=float(get("send_timeout", (int, float), values.positive, default=60.0)),
     )
 
 

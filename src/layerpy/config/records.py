@@ -72,6 +72,7 @@ class ServerConfig:
     identity: str = "location"
     other_dhcp: str = "refuse"
     dhcp_probe: float = 4.0  # seconds to listen for other DHCP servers (0: never look)
+    send_timeout: float = 60.0  # seconds a file transfer may find no room to send (nginx's)
 
     @property
     def url(self) -> str:

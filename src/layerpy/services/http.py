@@ -68,7 +68,6 @@ CATALOG: web.AppKey[Catalog] = web.AppKey("catalog", Catalog)
 OPERATOR = "operator"  # request key: the authenticated operator (operator listeners only)
 TRANSFERS = 64  # files sent at once; the others wait their turn (a storm queues, not fails)
 CHUNK = 256 * 1024  # bytes read at a time where sendfile cannot go (TLS)
-STALL = 60  # seconds a transfer waits for its client to read before dropping it
 IMAGE_FILES = ("rootfs.tar", "rootfs.squashfs", "config.json")
 METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
 
@@ -312,7 +311,11 @@ async def _send_file(
     """`count` bytes of `file` from `at` on the request's connection, by sendfile(2) on a
     duplicate of its socket: uvloop has no loop.sendfile (aiohttp then reads the file into
     Python in the thread pool), and asyncio's costs an epoll change per wake-up. Through
-    TLS (operators' image downloads) the bytes go through the transport instead."""
+    TLS (operators' image downloads) the bytes go through the transport instead.
+
+    A client that takes no byte for ``send_timeout`` seconds is dropped, so that it cannot
+    keep its turn. One timer per transfer watches for that: each send moves the time of
+    the last progress, and the timer, when it fires, waits on from there."""
     transport = request.transport
     if transport is None:
         raise ConnectionResetError("connection lost")
@@ -327,13 +330,23 @@ async def _send_file(
         return
     while transport.get_write_buffer_size():  # the headers first (a full socket buffer)
         await asyncio.sleep(0.001)
+    timeout = request.app[POLICY].config.server.send_timeout
     socket = os.dup(transport.get_extra_info("socket").fileno())
     wake: asyncio.Future[None] = loop.create_future()
+    progress = loop.time()
 
     def writable() -> None:
         if not wake.done():
             wake.set_result(None)
 
+    def watch() -> None:
+        nonlocal timer
+        if loop.time() - progress >= timeout and not wake.done():
+            wake.set_exception(TimeoutError())
+        else:
+            timer = loop.call_at(progress + timeout, watch)
+
+    timer = loop.call_at(progress + timeout, watch)
     loop.add_writer(socket, writable)  # for the whole transfer: one epoll change, not many
     try:
         while count > 0:
@@ -344,18 +357,27 @@ async def _send_file(
             if sent == 0:
                 raise ConnectionResetError(f"{file.name} shrank while sent")
             if sent > 0:
-                at, count = at + sent, count - sent
+                at, count, progress = at + sent, count - sent, loop.time()
             if count > 0:  # the socket's buffer is full: wait for room
                 wake = loop.create_future()
                 try:
-                    async with asyncio.timeout(STALL):
-                        await wake
-                except TimeoutError:  # a client that stops reading must not keep its turn
+                    await wake
+                except TimeoutError:
                     transport.abort()
-                    raise ConnectionResetError(f"no room to send for {STALL} s") from None
+                    _stalled(request, file.name, timeout)
+                    raise ConnectionResetError(f"no room to send for {timeout:g} s") from None
     finally:
+        timer.cancel()
         loop.remove_writer(socket)
         os.close(socket)
+
+
+def _stalled(request: web.BaseRequest, name: str, timeout: float) -> None:
+    """Counted, and said once in a while per client: a client may stall on purpose."""
+    remote = request.remote or "?"
+    request.app[STATS].count("http", "stalled", ok=False)
+    quiet.log(remote, logging.WARNING, "dropped the transfer of %s to %s: it took nothing in "
+              "%g s (send_timeout)", Path(name).name, remote, timeout)  # fmt: skip
 
 
 def _not_modified(request: web.BaseRequest, etag: str, mtime: float) -> bool:
