@@ -16,10 +16,11 @@
 # (dpkg-deb -x); nothing is installed. See minos/README.md to add a driver or firmware.
 #
 # Cached: when the inputs (deb versions, minos/ files, the agent sources, options) hash to
-# the stamp of the last build, it prints "up to date" and exits. Reproducible: sorted cpio
+# the stamp of the last build, it prints "up to date" and exits; when they hash to one of
+# the last four builds of any checkout ($LAYERPY_CACHE/minos-out/HASH), it takes those. Reproducible: sorted cpio
 # entries, mtimes from SOURCE_DATE_EPOCH, owner 0:0, gzip -n / zstd, hash-based .pyc.
 #
-# Environment: LAYERPY_CACHE (default /var/cache/layerpy: debs/ and minos-build/),
+# Environment: LAYERPY_CACHE (default /var/cache/layerpy: debs/, minos-build/, minos-out/),
 # SOURCE_DATE_EPOCH (default 1704067200), LAYERPY_KERNEL_PKG (default: what the flavour's
 # linux-image-amd64 or linux-image-cloud-amd64 depends on), LAYERPY_MINOS_MODULES (extra
 # module names), LAYERPY_MINOS_FIRMWARE (extra firmware files, paths under /lib/firmware
@@ -53,7 +54,7 @@ while [ $# -gt 0 ]; do
     --compress=*) COMPRESS=${1#*=} ;;
     --flavour) FLAVOUR=${2:?}; shift ;;
     --flavour=*) FLAVOUR=${1#*=} ;;
-    -h | --help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
@@ -134,6 +135,27 @@ if [ "$FORCE" = 0 ] && [ -f "$STAMP" ] && [ "$(head -n1 "$STAMP")" = "$INPUT_HAS
         echo "minos: up to date: $INITRD $(size_line "$INITRD")"
         exit 0
     fi
+fi
+
+# The outputs of the last few builds, by input hash: another checkout of the same sources
+# (a fresh clone in CI) takes them instead of building again. Checked by their hashes.
+BUILT=$CACHE/minos-out/$INPUT_HASH
+install_outputs() { # $1: vmlinuz, BUILDINFO, manifest.txt and the initrd BUILDINFO names
+    local from=$1 chosen
+    chosen=$(sed -n 's/^initrd=//p' "$from/BUILDINFO")
+    mkdir -p "$OUT"
+    rm -f "$OUT/minos.cpio.gz" "$OUT/minos.cpio.zst" "$OUT/initrd"
+    cp "$from/$chosen" "$OUT/$chosen"
+    ln -s "$chosen" "$OUT/initrd"
+    cp "$from/vmlinuz" "$from/BUILDINFO" "$from/manifest.txt" "$OUT/"
+    printf '%s\n%s\n' "$INPUT_HASH" "$chosen" >"$STAMP"
+}
+if [ "$FORCE" = 0 ] && [ -f "$BUILT/BUILDINFO" ] && [ -f "$BUILT/manifest.txt" ] &&
+    (cd "$BUILT" && grep -E '^[0-9a-f]{64}  ' BUILDINFO | sha256sum --quiet --check --status -); then
+    install_outputs "$BUILT"
+    INITRD=$OUT/$(sed -n 2p "$STAMP")
+    echo "minos: built before from the same inputs ($BUILT): $INITRD $(size_line "$INITRD")"
+    exit 0
 fi
 
 # --- 3. download what the cache lacks, check hashes ---
@@ -295,7 +317,7 @@ rm -f etc/resolv.conf && : >etc/resolv.conf
 find . -mindepth 1 -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
 find . -mindepth 1 -printf '%P\n' | sort |
     cpio --quiet --reproducible -H newc -o -R 0:0 >"$WORK/minos.cpio"
-(find . -mindepth 1 -printf '%y %m %s %P\n' | sort -k4) >"$OUT/manifest.txt"
+(find . -mindepth 1 -printf '%y %m %s %P\n' | sort -k4) >"$WORK/manifest.txt"
 gz() { gzip -9 -n -c "$WORK/minos.cpio" >"$WORK/minos.cpio.gz"; }
 zs() { zstd -q -19 -T1 -c "$WORK/minos.cpio" >"$WORK/minos.cpio.zst"; }
 case "$COMPRESS" in
@@ -316,20 +338,25 @@ auto)
     fi
     ;;
 esac
-rm -f "$OUT/minos.cpio.gz" "$OUT/minos.cpio.zst" "$OUT/initrd"
-cp "$WORK/$CHOSEN" "$OUT/$CHOSEN"
-ln -s "$CHOSEN" "$OUT/initrd"
-cp "$ROOT/boot/vmlinuz-$KVER" "$OUT/vmlinuz"
+rm -rf "$BUILT.new"
+mkdir -p "$BUILT.new"
+cp "$WORK/$CHOSEN" "$WORK/manifest.txt" "$BUILT.new/"
+cp "$ROOT/boot/vmlinuz-$KVER" "$BUILT.new/vmlinuz"
 {
     echo "kernel=$KVER"
     echo "kernel_package=$KPKG"
     echo "python=$PYV"
     echo "initrd=$CHOSEN"
     echo "inputs=$INPUT_HASH"
-    (cd "$OUT" && sha256sum vmlinuz "$CHOSEN")
+    (cd "$BUILT.new" && sha256sum vmlinuz "$CHOSEN")
     echo "$DEBLIST" | awk '{ print "deb " $1 }'
-} >"$OUT/BUILDINFO"
-printf '%s\n%s\n' "$INPUT_HASH" "$CHOSEN" >"$STAMP"
+} >"$BUILT.new/BUILDINFO"
+rm -rf "$BUILT"
+mv "$BUILT.new" "$BUILT"
+install_outputs "$BUILT"
+# keep the outputs of the four newest builds
+find "$CACHE/minos-out" -mindepth 1 -maxdepth 1 -type d -printf '%T@ %p\n' | sort -rn |
+    tail -n +5 | cut -d' ' -f2- | xargs -r rm -rf
 
 SIZE=$(stat -c %s "$OUT/$CHOSEN")
 ELAPSED=$(awk -v a="$START" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
