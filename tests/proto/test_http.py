@@ -573,9 +573,23 @@ def test_garbage_requests_do_not_flood_the_log(host: Host, tmp_path: Path) -> No
     assert curl(host, f"{BASE}/boot/cn002.ipxe", source="10.66.0.12")[0] == 200
 
 
+TLS_STALLER = r"""
+import socket, ssl, sys
+cafile, path, token = sys.argv[1:]
+raw = socket.socket()
+raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+raw.connect(("10.66.0.1", 8443))
+s = ssl.create_default_context(cafile=cafile).wrap_socket(raw, server_hostname="10.66.0.1")
+s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode())
+print("asked", flush=True)
+sys.stdin.read()  # reads nothing until told to
+"""
+
+
 def test_operators_over_https(make_config, tmp_path: Path) -> None:
     """An operator listener on the boot network's address, over TLS (a self-signed cert
-    made by openssl): the token works there, plain HTTP does not, and the CLI follows."""
+    made by openssl): the token works there, plain HTTP does not, and the CLI follows;
+    files go through TLS whole, and a client that stops reading is dropped there too."""
     cert, key = tmp_path / "api.crt", tmp_path / "api.key"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
@@ -584,9 +598,13 @@ def test_operators_over_https(make_config, tmp_path: Path) -> None:
         check=True, capture_output=True,
     )  # fmt: skip
     tls = f'\n[api]\nlisten = ["10.66.0.1:8443"]\ntls_cert = "{cert}"\ntls_key = "{key}"\n'
-    build_image(tmp_path / "layout", "a", "IMAGE-A-MARKER", {"srv/big": os.urandom(1 << 20)})
+    big = {"srv/big": os.urandom(24 << 20)}  # more than both sides' socket buffers
+    build_image(tmp_path / "layout", "a", "IMAGE-A-MARKER", big)
     image = '\n[images.a]\nsource = "oci-layout:layout:latest"\n'
     config = make_config(server="10.66.0.1", interface="d0", more=tls + image)
+    config.path.write_text(
+        config.path.read_text().replace("[server]\n", "[server]\nsend_timeout = 3\n")
+    )
     with serving(config, tmp_path) as host:
         admin = (tmp_path / "state" / "admin.token").read_text().strip()
         https = ["curl", "-s", "--cacert", str(cert), "-o", "/dev/null", "-w", "%{http_code}"]
@@ -612,6 +630,17 @@ def test_operators_over_https(make_config, tmp_path: Path) -> None:
         part = tmp_path / "part"
         host.ns.run(*get, "-r", "1000-300000", "-o", str(part), f"https://10.66.0.1:8443{path}")
         assert part.read_bytes() == whole[1000:300001]
+        staller = host.ns.popen([sys.executable, "-c", TLS_STALLER, str(cert), path, admin],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+        try:
+            assert staller.stdout.readline() == b"asked\n"
+            deadline = time.monotonic() + 60  # generous: 3 s, on a busy machine
+            while stalled(host) < 1:
+                assert time.monotonic() < deadline, "the stalled TLS transfer dropped: not in 60 s"
+                time.sleep(0.2)
+        finally:
+            staller.kill()
+            staller.wait()
         plain = host.ns.run("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
                             "http://10.66.0.1:8443/api/v1/nodes", check=False)  # fmt: skip
         assert plain.stdout != "200"
@@ -655,6 +684,12 @@ except ConnectionResetError:
 """
 
 
+def stalled(host: Host) -> int:
+    """File transfers the server dropped because their client took nothing."""
+    stats = json.loads(api(host, "/api/v1/stats")[1]).get("http", {})
+    return stats.get("stalled", {}).get("requests", 0)
+
+
 def test_a_client_that_stops_reading_loses_its_transfer(make_config, tmp_path: Path) -> None:
     """A client that asks for a file and reads nothing is dropped after send_timeout, its
     turn freed, counted and said once; a node fetching at the same time is not held up."""
@@ -673,12 +708,8 @@ def test_a_client_that_stops_reading_loses_its_transfer(make_config, tmp_path: P
             curl(host, "-o", str(fetched), f"{BASE}/minos/kernel", source="10.66.0.11")
             assert fetched.read_bytes() == kernel.read_bytes()
 
-            def stalled() -> int:
-                stats = json.loads(api(host, "/api/v1/stats")[1]).get("http", {})
-                return stats.get("stalled", {}).get("requests", 0)
-
             deadline = time.monotonic() + 60  # generous: 2 s, on a busy machine
-            while stalled() < 1:
+            while stalled(host) < 1:
                 assert time.monotonic() < deadline, "the stalled transfer dropped: not in 60 s"
                 time.sleep(0.2)
             staller.stdin.close()
@@ -687,7 +718,7 @@ def test_a_client_that_stops_reading_loses_its_transfer(make_config, tmp_path: P
         finally:
             staller.kill()
             staller.wait()
-        assert stalled() == 1
+        assert stalled(host) == 1
     log = (tmp_path / "serve.log").read_text()
     said = "dropped the transfer of vmlinuz to 10.66.0.99: it took nothing in 2 s"
     assert log.count(said) == 1, log[-2000:]

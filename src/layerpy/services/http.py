@@ -315,22 +315,27 @@ async def _send_file(
 
     A client that takes no byte for ``send_timeout`` seconds is dropped, so that it cannot
     keep its turn. One timer per transfer watches for that: each send moves the time of
-    the last progress, and the timer, when it fires, waits on from there."""
+    the last progress, and the timer, when it fires, waits on from there. (Through TLS
+    each 256 KiB chunk has that long to leave.)"""
     transport = request.transport
     if transport is None:
         raise ConnectionResetError("connection lost")
     loop = asyncio.get_running_loop()
+    timeout = request.app[POLICY].config.server.send_timeout
     if transport.get_extra_info("sslcontext") is not None:
         while count > 0:
             chunk = await loop.run_in_executor(None, os.pread, file.fileno(), CHUNK, at)
             if not chunk:
                 raise ConnectionResetError(f"{file.name} shrank while sent")
-            await writer.write(chunk[:count])
+            try:
+                async with asyncio.timeout(timeout):  # a chunk: 256 KiB, a few wake-ups
+                    await writer.write(chunk[:count])
+            except TimeoutError:
+                raise _stalled(request, file.name, timeout) from None
             at, count = at + len(chunk), count - len(chunk)
         return
     while transport.get_write_buffer_size():  # the headers first (a full socket buffer)
         await asyncio.sleep(0.001)
-    timeout = request.app[POLICY].config.server.send_timeout
     socket = os.dup(transport.get_extra_info("socket").fileno())
     wake: asyncio.Future[None] = loop.create_future()
     progress = loop.time()
@@ -363,21 +368,23 @@ async def _send_file(
                 try:
                     await wake
                 except TimeoutError:
-                    transport.abort()
-                    _stalled(request, file.name, timeout)
-                    raise ConnectionResetError(f"no room to send for {timeout:g} s") from None
+                    raise _stalled(request, file.name, timeout) from None
     finally:
         timer.cancel()
         loop.remove_writer(socket)
         os.close(socket)
 
 
-def _stalled(request: web.BaseRequest, name: str, timeout: float) -> None:
-    """Counted, and said once in a while per client: a client may stall on purpose."""
+def _stalled(request: web.BaseRequest, name: str, timeout: float) -> ConnectionResetError:
+    """Reset a client that took nothing for `timeout` seconds; counted, and said once in a
+    while per client (a client may stall on purpose). Returns the error to raise."""
+    if request.transport is not None:
+        request.transport.abort()
     remote = request.remote or "?"
     request.app[STATS].count("http", "stalled", ok=False)
     quiet.log(remote, logging.WARNING, "dropped the transfer of %s to %s: it took nothing in "
               "%g s (send_timeout)", Path(name).name, remote, timeout)  # fmt: skip
+    return ConnectionResetError(f"no room to send for {timeout:g} s")
 
 
 def _not_modified(request: web.BaseRequest, etag: str, mtime: float) -> bool:
