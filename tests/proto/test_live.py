@@ -197,7 +197,8 @@ def test_a_console_is_captured_typed_into_and_a_panic_makes_the_node_lost(
 
     # the log outlives the connection, which comes back
     line.hang_up()
-    wait_for(lambda: line.connections >= 2, 30, "the capture reconnecting")
+    # its backoff (1 s doubling to 60 s, +-20 %) may have grown while the server started
+    wait_for(lambda: line.connections >= 2, 150, "the capture reconnecting")
     log = tmp_path / "state" / "consoles" / "cn001.log"
     wait_for(log.exists, 20, "the console log file")
     assert log.stat().st_mode & 0o777 == 0o600
