@@ -573,17 +573,54 @@ def test_garbage_requests_do_not_flood_the_log(host: Host, tmp_path: Path) -> No
     assert curl(host, f"{BASE}/boot/cn002.ipxe", source="10.66.0.12")[0] == 200
 
 
-TLS_STALLER = r"""
+STALLER = r"""
 import socket, ssl, sys
-cafile, path, token = sys.argv[1:]
-raw = socket.socket()
-raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-raw.connect(("10.66.0.1", 8443))
-s = ssl.create_default_context(cafile=cafile).wrap_socket(raw, server_hostname="10.66.0.1")
-s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode())
+port, path, *tls = sys.argv[1:]  # tls: a CA file and an operator's token
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the server fills up
+s.bind(("10.66.0.99", 0))
+s.connect(("10.66.0.1", int(port)))
+auth = ""
+if tls:
+    s = ssl.create_default_context(cafile=tls[0]).wrap_socket(s, server_hostname="10.66.0.1")
+    auth = f"Authorization: Bearer {tls[1]}\r\n"
+s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n{auth}\r\n".encode())
 print("asked", flush=True)
 sys.stdin.read()  # reads nothing until told to
+got = 0
+try:
+    while chunk := s.recv(1 << 20):
+        got += len(chunk)
+    print("closed", got)
+except ConnectionResetError:
+    print("reset", got)
 """
+
+
+@contextlib.contextmanager
+def stalling(host: Host, *args: str) -> Iterator[subprocess.Popen]:
+    """STALLER, once it has asked for its file; killed at the end, whatever happened."""
+    staller = host.ns.popen([sys.executable, "-c", STALLER, *args], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)  # fmt: skip
+    try:
+        assert staller.stdout.readline() == b"asked\n"
+        yield staller
+    finally:
+        staller.kill()
+        staller.wait()
+
+
+def wait_stalled(host: Host) -> None:
+    deadline = time.monotonic() + 60  # generous: send_timeout is 2-3 s, on a busy machine
+    while stalled(host) < 1:
+        assert time.monotonic() < deadline, "a stalled transfer dropped: not in 60 s"
+        time.sleep(0.2)
+
+
+def stalled(host: Host) -> int:
+    """File transfers the server dropped because their client took nothing."""
+    stats = json.loads(api(host, "/api/v1/stats")[1]).get("http", {})
+    return stats.get("stalled", {}).get("requests", 0)
 
 
 def test_operators_over_https(make_config, tmp_path: Path) -> None:
@@ -630,17 +667,8 @@ def test_operators_over_https(make_config, tmp_path: Path) -> None:
         part = tmp_path / "part"
         host.ns.run(*get, "-r", "1000-300000", "-o", str(part), f"https://10.66.0.1:8443{path}")
         assert part.read_bytes() == whole[1000:300001]
-        staller = host.ns.popen([sys.executable, "-c", TLS_STALLER, str(cert), path, admin],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
-        try:
-            assert staller.stdout.readline() == b"asked\n"
-            deadline = time.monotonic() + 60  # generous: 3 s, on a busy machine
-            while stalled(host) < 1:
-                assert time.monotonic() < deadline, "the stalled TLS transfer dropped: not in 60 s"
-                time.sleep(0.2)
-        finally:
-            staller.kill()
-            staller.wait()
+        with stalling(host, "8443", path, str(cert), admin):
+            wait_stalled(host)
         plain = host.ns.run("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
                             "http://10.66.0.1:8443/api/v1/nodes", check=False)  # fmt: skip
         assert plain.stdout != "200"
@@ -665,31 +693,6 @@ def test_a_request_that_never_ends_is_closed(host: Host) -> None:
     assert closed == "True" and float(after) < 30
 
 
-STALLER = r"""
-import socket, sys
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the server fills up
-s.bind(("10.66.0.99", 0))
-s.connect(("10.66.0.1", 8080))
-s.sendall(b"GET /minos/kernel HTTP/1.1\r\nHost: x\r\n\r\n")
-print("asked", flush=True)
-sys.stdin.read()  # reads nothing until told to
-got = 0
-try:
-    while chunk := s.recv(1 << 20):
-        got += len(chunk)
-    print("closed", got)
-except ConnectionResetError:
-    print("reset", got)
-"""
-
-
-def stalled(host: Host) -> int:
-    """File transfers the server dropped because their client took nothing."""
-    stats = json.loads(api(host, "/api/v1/stats")[1]).get("http", {})
-    return stats.get("stalled", {}).get("requests", 0)
-
-
 def test_a_client_that_stops_reading_loses_its_transfer(make_config, tmp_path: Path) -> None:
     """A client that asks for a file and reads nothing is dropped after send_timeout, its
     turn freed, counted and said once; a node fetching at the same time is not held up."""
@@ -700,24 +703,14 @@ def test_a_client_that_stops_reading_loses_its_transfer(make_config, tmp_path: P
     kernel = tmp_path / "vmlinuz"
     kernel.write_bytes(os.urandom(32 << 20))  # far more than both sides' socket buffers
     with serving(config, tmp_path) as host:
-        staller = host.ns.popen([sys.executable, "-c", STALLER], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE)  # fmt: skip
-        try:
-            assert staller.stdout.readline() == b"asked\n"
+        with stalling(host, "8080", "/minos/kernel") as staller:
             fetched = tmp_path / "fetched"
             curl(host, "-o", str(fetched), f"{BASE}/minos/kernel", source="10.66.0.11")
             assert fetched.read_bytes() == kernel.read_bytes()
-
-            deadline = time.monotonic() + 60  # generous: 2 s, on a busy machine
-            while stalled(host) < 1:
-                assert time.monotonic() < deadline, "the stalled transfer dropped: not in 60 s"
-                time.sleep(0.2)
+            wait_stalled(host)
             staller.stdin.close()
             how, got = staller.stdout.read().decode().split()
             assert how in ("reset", "closed") and int(got) < kernel.stat().st_size, (how, got)
-        finally:
-            staller.kill()
-            staller.wait()
         assert stalled(host) == 1
     log = (tmp_path / "serve.log").read_text()
     said = "dropped the transfer of vmlinuz to 10.66.0.99: it took nothing in 2 s"
