@@ -72,6 +72,14 @@ def since(path, offset: int) -> str:
         return f.read().decode(errors="replace")
 
 
+def consoles_say(lab: LabSession, line: str, marks: dict[str, int]) -> bool:
+    """Every node's console, since its mark, has `line` with the node's address in it."""
+    return all(
+        line.format(address=ADDRESSES[n]) in since(lab.lab.vms[n].serial_log, marks[n])
+        for n in NODES
+    )
+
+
 def test_nodes_keep_their_containers_while_the_server_is_down(lab: LabSession) -> None:
     def running() -> bool:
         nodes = lab.nodes()
@@ -92,14 +100,8 @@ def test_nodes_keep_their_containers_while_the_server_is_down(lab: LabSession) -
     lab.crash()
     time.sleep(OUTAGE)  # the outage itself: what is being tested
 
-    def outlived_lease() -> bool:
-        return all(
-            KEPT.format(address=ADDRESSES[n]) in since(lab.lab.vms[n].serial_log, serial_marks[n])
-            for n in NODES
-        )
-
     deadline = time.monotonic() + 180  # generous: a lease of at most 30 s, a busy machine
-    while not outlived_lease():  # not lab.wait: that stops when the server is not running
+    while not consoles_say(lab, KEPT, serial_marks):  # not lab.wait: it stops without a server
         assert time.monotonic() < deadline, "both nodes' leases running out: not in 180 s"
         time.sleep(0.5)
     assert all(lab.lab.vms[n].alive() for n in NODES)
@@ -124,13 +126,10 @@ def test_nodes_keep_their_containers_while_the_server_is_down(lab: LabSession) -
 
     lab.wait(lambda: back(serving), 240, "both nodes reporting again, ready, image active")
 
-    def leased_again() -> bool:  # udhcpc retries every ~40 s while no server answered
-        return all(
-            BOUND.format(address=ADDRESSES[n]) in since(lab.lab.vms[n].serial_log, outage_marks[n])
-            for n in NODES
-        )
-
-    lab.wait(leased_again, 240, "both nodes leasing their addresses from the server again")
+    lab.wait(  # udhcpc asks again every ~40 s (10 tries 2 s apart, then 20 s) once none answered
+        lambda: consoles_say(lab, BOUND, outage_marks), 240,
+        "both nodes leasing their addresses from the server again",
+    )  # fmt: skip
     took = time.time() - restarted
     # three heartbeats more: whatever the first answers told the agents is done by then
     settled = time.time() + 3 * HEARTBEAT
