@@ -17,8 +17,9 @@
 #
 # Cached: when the inputs (deb versions, minos/ files, the agent sources, options) hash to
 # the stamp of the last build, it prints "up to date" and exits; when they hash to one of
-# the last four builds of any checkout ($LAYERPY_CACHE/minos-out/HASH), it takes those. Reproducible: sorted cpio
-# entries, mtimes from SOURCE_DATE_EPOCH, owner 0:0, gzip -n / zstd, hash-based .pyc.
+# the last four builds of any checkout ($LAYERPY_CACHE/minos-out/HASH), it takes those.
+# Reproducible: sorted cpio entries, mtimes from SOURCE_DATE_EPOCH, owner 0:0, gzip -n /
+# zstd, hash-based .pyc.
 #
 # Environment: LAYERPY_CACHE (default /var/cache/layerpy: debs/, minos-build/, minos-out/),
 # SOURCE_DATE_EPOCH (default 1704067200), LAYERPY_KERNEL_PKG (default: what the flavour's
@@ -54,7 +55,7 @@ while [ $# -gt 0 ]; do
     --compress=*) COMPRESS=${1#*=} ;;
     --flavour) FLAVOUR=${2:?}; shift ;;
     --flavour=*) FLAVOUR=${1#*=} ;;
-    -h | --help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
