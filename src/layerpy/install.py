@@ -58,8 +58,9 @@ def source(name: str) -> str:
         return path.read_text()
     except FileNotFoundError:
         raise ValueError(
-            f"{path} is missing: this layerpy was built without the systemd/ files; "
-            "install it from layerpy.pyz (packaging/pyz.py) or a wheel built from a checkout"
+            f"{path} is missing: this layerpy was built without systemd/ (setup.py's build "
+            "step puts it in the package); build it again from a checkout, with "
+            "packaging/pyz.py or pip"
         ) from None
 
 
