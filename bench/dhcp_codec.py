@@ -2,9 +2,10 @@
 
 Each op is what the server does per packet: decode the request, build the OFFER, encode it.
 dpkt has no reply builder, so its side builds the same options by hand.
+Run: `.venv/bin/python bench/dhcp_codec.py [OPS]`.
 """
 
-import sys
+import argparse
 import timeit
 from ipaddress import IPv4Address
 
@@ -102,8 +103,7 @@ def differences() -> list[str]:
     return found
 
 
-def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
+def main(n: int) -> None:
     diff = differences()
     assert not diff, "both sides must build the same reply: " + "; ".join(diff)
     ours, theirs = per_op_us(layerpy_op, n), per_op_us(dpkt_op, n)
@@ -115,4 +115,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("ops", nargs="?", type=int, default=20000, help="per side (default 20000)")
+    main(parser.parse_args().ops)

@@ -11,6 +11,7 @@ atftpd conflicts with tftpd-hpa as a Debian package, so its binary is unpacked f
 .deb into a cache directory instead of installed.
 """
 
+import argparse
 import contextlib
 import hashlib
 import os
@@ -211,4 +212,6 @@ def report(runs, table, times, cpus) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 5)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="?", type=int, default=5, help="(default 5)")
+    main(parser.parse_args().runs)

@@ -39,8 +39,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[0] = str(ROOT / "vm-lab")  # not bench/: its http.py would hide the stdlib's
-sys.path.append(str(ROOT / "bench"))  # last, for the same reason
+sys.path.insert(0, str(ROOT / "vm-lab"))
 
 from reference import nginx_config  # noqa: E402
 

@@ -5,8 +5,9 @@ nothing else installed, carrying everything a boot needs.
     .venv/bin/python packaging/pyz.py [-o dist/layerpy.pyz]
 
 It is a shiv zipapp (shiv, from the venv): the layerpy package with, under
-``layerpy/bundled/``, the minOS kernel and initramfs (minos/out, built first if missing)
-and Debian's x86 iPXE binaries, plus the dependencies' wheels for this platform (CPython
+``layerpy/bundled/``, the minOS kernel and initramfs (minos/out, built first if missing),
+Debian's x86 iPXE binaries and (setup.py's build step) systemd/, the unit and sysusers.d
+line ``layerpy install`` writes; plus the dependencies' wheels for this platform (CPython
 3.11, x86-64 Linux: what Debian 12 runs). On its first start it unpacks itself to
 $SHIV_ROOT (default ~/.shiv; the systemd unit points it at the cache directory).
 Prints the size of the file and of each part.
@@ -34,9 +35,10 @@ def mb(size: int) -> str:
 
 def stage(into: Path) -> dict[str, int]:
     """The source tree to build from, with the boot files in the package; their sizes."""
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(REPO / name, into / name)
-    shutil.copytree(REPO / "src", into / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("src", "systemd"):
+        shutil.copytree(REPO / name, into / name, ignore=shutil.ignore_patterns("__pycache__"))
     bundled = into / "src" / "layerpy" / "bundled"
     (bundled / "minos").mkdir(parents=True)
     (bundled / "ipxe").mkdir()

@@ -1,8 +1,10 @@
-"""The boot files layerpy brings along: the minOS (kernel and initramfs) and the iPXE
-binaries. A node file that names no [minos] files, or no ipxe.dir, gets these.
+"""The files layerpy brings along: the minOS (kernel and initramfs) and the iPXE binaries,
+which a node file that names no [minos] files, or no ipxe.dir, gets; and the systemd unit
+and sysusers.d line that ``layerpy install`` writes.
 
-``layerpy.pyz`` (packaging/pyz.py) carries them in the package, under ``bundled/``; a
-checkout has them where minos/build.sh and Debian's ipxe package put them.
+``layerpy.pyz`` (packaging/pyz.py) carries them in the package, under ``bundled/``, and so
+does a wheel the systemd files (setup.py copies systemd/ there); a checkout has them where
+minos/build.sh and Debian's ipxe package put them, and in systemd/.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 PACKAGED = Path(__file__).resolve().parent / "bundled"
-CHECKOUT_MINOS = Path(__file__).resolve().parents[2] / "minos" / "out"
+CHECKOUT = Path(__file__).resolve().parents[2]
+CHECKOUT_MINOS = CHECKOUT / "minos" / "out"
 DEBIAN_IPXE = Path("/usr/lib/ipxe")
 
 
@@ -26,3 +29,8 @@ def minos() -> tuple[Path, Path] | None:
 def ipxe_dir() -> Path:
     """The bundled iPXE binaries, else Debian's ipxe package's."""
     return PACKAGED / "ipxe" if (PACKAGED / "ipxe").is_dir() else DEBIAN_IPXE
+
+
+def systemd_dir() -> Path:
+    """The packaged systemd/ files, else the checkout's (one source: the checkout's)."""
+    return PACKAGED / "systemd" if (PACKAGED / "systemd").is_dir() else CHECKOUT / "systemd"

@@ -1,5 +1,7 @@
 """``layerpy install``: the program and a hardened systemd unit in place on a head node.
 
+The unit and the service user's sysusers.d line are the files of systemd/ (one source, which
+setup.py and packaging/pyz.py put in the package); install fills in the unit's placeholders.
 The unit runs ``layerpy serve`` as the system user ``layerpy`` with one capability
 (CAP_NET_BIND_SERVICE: DHCP's and TFTP's ports; binding a socket to an interface needs
 none since Linux 5.7), writes only its state and cache directories, and tells systemd when
@@ -19,6 +21,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from layerpy import bundle
+
 USER = "layerpy"
 PREFIX = Path("/usr/local")
 UNIT_PATH = Path("/etc/systemd/system/layerpy.service")
@@ -28,69 +32,7 @@ HIDDEN = (Path("/home"), Path("/root"), Path("/run/user"), Path("/tmp"), Path("/
 """What the unit's ProtectHome= and PrivateTmp= hide from the service."""
 
 SYSUSERS_PATH = Path("/etc/sysusers.d/layerpy.conf")
-SYSUSERS = f'u {USER} - "layerpy network boot server" /var/lib/layerpy /usr/sbin/nologin\n'
-
-UNIT = """\
-# Written by `layerpy install`; `layerpy install` again rewrites it.
-[Unit]
-Description=layerpy network boot and node lifecycle
-After=network-online.target
-Wants=network-online.target
-
-[Service]
-Type=notify
-NotifyAccess=main
-Environment=SHIV_ROOT=/var/cache/layerpy
-ExecStartPre={program} check --quiet
-ExecStart={program} serve
-ExecReload={program} reload
-Restart=on-failure
-RestartSec=2
-TimeoutStopSec=15
-LimitNOFILE={nofile}
-User={user}
-Group={user}
-StateDirectory=layerpy
-StateDirectoryMode=0700
-CacheDirectory=layerpy
-CacheDirectoryMode=0700
-RuntimeDirectory=layerpy
-RuntimeDirectoryMode=0750
-ConfigurationDirectory=layerpy
-UMask=0077
-AmbientCapabilities=CAP_NET_BIND_SERVICE
-CapabilityBoundingSet=CAP_NET_BIND_SERVICE
-NoNewPrivileges=yes
-ProtectSystem=strict
-ProtectHome=yes
-PrivateTmp=yes
-PrivateDevices=yes
-PrivateMounts=yes
-ProtectKernelTunables=yes
-ProtectKernelModules=yes
-ProtectKernelLogs=yes
-ProtectControlGroups=yes
-ProtectClock=yes
-ProtectHostname=yes
-ProtectProc=invisible
-ProcSubset=pid
-RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX AF_NETLINK
-RestrictNamespaces=yes
-RestrictRealtime=yes
-RestrictSUIDSGID=yes
-LockPersonality=yes
-MemoryDenyWriteExecute=yes
-SystemCallArchitectures=native
-SystemCallFilter=@system-service
-SystemCallFilter=~@resources @mount @swap @reboot @raw-io @module @obsolete @cpu-emulation @debug
-SystemCallErrorNumber=EPERM
-RemoveIPC=yes
-KeyringMode=private
-DevicePolicy=closed
-
-[Install]
-WantedBy=multi-user.target
-"""
+UNIT_FILE, SYSUSERS_FILE = "layerpy.service", "layerpy.sysusers.conf"  # in systemd/
 
 
 @dataclass(frozen=True)
@@ -109,10 +51,24 @@ def program(prefix: Path) -> Path:
     return prefix / "bin" / "layerpy"
 
 
+def source(name: str) -> str:
+    """The text of systemd/`name` as this layerpy carries it; ValueError without."""
+    path = bundle.systemd_dir() / name
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        raise ValueError(
+            f"{path} is missing: this layerpy was built without systemd/ (setup.py's build "
+            "step puts it in the package); build it again from a checkout, with "
+            "packaging/pyz.py or pip"
+        ) from None
+
+
 def unit(program: Path, nodes: int) -> str:
-    """The unit text for `program`, its descriptor limit sized for `nodes` nodes."""
+    """The unit text for `program`, its descriptor limit sized for `nodes` nodes: the
+    unit's two placeholders, @PROGRAM@ and @NOFILE@, filled in."""
     nofile = max(MIN_NOFILE, FDS_PER_NODE * nodes + 1024)
-    return UNIT.format(program=program, nofile=nofile, user=USER)
+    return source(UNIT_FILE).replace("@PROGRAM@", str(program)).replace("@NOFILE@", str(nofile))
 
 
 def running_pyz() -> Path | None:
@@ -124,7 +80,8 @@ def running_pyz() -> Path | None:
 def steps(prefix: Path, nodes: int) -> list[Step]:
     """What installing takes on this host; ValueError when this layerpy cannot be run by the
     service where it is (a venv under /root, say)."""
-    plan = [Step(f"write {SYSUSERS_PATH}", put=(SYSUSERS_PATH, 0o644, SYSUSERS.encode()))]
+    sysusers = source(SYSUSERS_FILE).encode()
+    plan = [Step(f"write {SYSUSERS_PATH}", put=(SYSUSERS_PATH, 0o644, sysusers))]
     try:
         pwd.getpwnam(USER)
     except KeyError:

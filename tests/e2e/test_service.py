@@ -4,7 +4,8 @@ namespace of its own, with a boot interface boot0. There, ``python3 layerpy.pyz 
 puts the program and the unit in place, ``layerpy init boot0`` writes the node file, and
 systemd starts the service (ready when it says READY=1), reloads it (SIGHUP), restarts it
 after a ``kill -9`` and stops it; the journal tells each step, the process holds only
-CAP_NET_BIND_SERVICE as the user layerpy, and ``systemd-analyze security`` rates the unit.
+CAP_NET_BIND_SERVICE as the user layerpy, the unit written is the pyz's copy of systemd/'s,
+``systemd-analyze verify`` finds nothing in it and ``systemd-analyze security`` rates it.
 Times go to <tmp>/timings.json.
 """
 
@@ -14,6 +15,7 @@ import json
 import re
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +30,7 @@ pytestmark = [
     ),
 ]
 
+SYSTEMD = Path(__file__).resolve().parents[2] / "systemd"
 CAP_NET_BIND_SERVICE = 1 << 10
 GROUP = '\n[groups.compute]\nnodes = "cn[001-003]"\nip = "10.80.0.[11-13]"\n'
 TIMINGS: dict[str, float | str] = {}
@@ -95,6 +98,15 @@ def test_install_then_start_under_systemd(host: Container) -> None:
     assert effective == CAP_NET_BIND_SERVICE, f"capabilities {effective:#x}"
 
 
+def test_the_files_installed_are_systemds(host: Container) -> None:
+    """One source: systemd/ in the checkout, carried by the pyz, the placeholders filled."""
+    unit = (SYSTEMD / "layerpy.service").read_text()
+    unit = unit.replace("@PROGRAM@", "/usr/local/bin/layerpy").replace("@NOFILE@", "65536")
+    assert ok(host, "cat", "/etc/systemd/system/layerpy.service") == unit
+    sysusers = (SYSTEMD / "layerpy.sysusers.conf").read_text()
+    assert ok(host, "cat", "/etc/sysusers.d/layerpy.conf") == sysusers
+
+
 def test_reload_applies_the_edited_file(host: Container) -> None:
     ok(host, "sed", "-i", "s/cn\\[001-003\\]/cn[001-004]/; s/10.80.0.\\[11-13\\]/10.80.0.[11-14]/",
        "/etc/layerpy/nodes.toml")  # fmt: skip
@@ -136,7 +148,9 @@ def test_stop_is_prompt_and_the_journal_tells_it_all(host: Container) -> None:
         assert line in journal, f"{line!r} not in the journal:\n{journal[-3000:]}"
 
 
-def test_the_unit_is_rated_safe(host: Container) -> None:
+def test_the_unit_is_sound_and_rated_safe(host: Container) -> None:
+    verified = host.run("systemd-analyze", "verify", "layerpy.service")
+    assert (verified.returncode, verified.stdout + verified.stderr) == (0, "")
     rated = host.run("systemd-analyze", "security", "--no-pager", "layerpy.service")
     found = re.search(r"Overall exposure level for layerpy.service: ([\d.]+)", rated.stdout)
     assert found, rated.stdout + rated.stderr

@@ -1,11 +1,50 @@
 """The benchmarks still run and still compare like with like (no timings are asserted)."""
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent.parent.parent / "bench"
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+BENCH = ROOT / "bench"
+SCRIPTS = sorted(path.name for path in BENCH.glob("*.py"))
+HELPERS = {  # bench/ modules another bench script imports (python bench/X.py puts bench/ first)
+    name
+    for name in SCRIPTS
+    for other in BENCH.glob("*.py")
+    if re.search(rf"^from {name[:-3]} import ", other.read_text(), re.M)
+}
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_bench_script_runs_from_the_checkout(script: str) -> None:
+    """`python bench/X.py --help`, as the docs say to run them: usage and exit 0, nothing
+    started (a helper module says nothing). Catches a bench/ file that hides a module of
+    the standard library for the scripts beside it (bench/http.py did: `from http import
+    HTTPStatus` failed in every script that imported aiohttp)."""
+    result = subprocess.run(
+        [sys.executable, f"bench/{script}", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, f"python bench/{script} --help:\n{result.stderr}"
+    if script in HELPERS:
+        assert result.stdout == "", f"bench/{script} is imported by the others, yet printed"
+    else:
+        assert result.stdout.startswith(f"usage: {script}"), result.stdout
+
+
+def test_no_module_on_a_bench_scripts_path_hides_the_standard_library() -> None:
+    """bench/, tests/ and vm-lab/ go first on a bench script's sys.path."""
+    for directory in ("bench", "tests", "vm-lab"):
+        names = {path.stem for path in (ROOT / directory).glob("*.py")}
+        hidden = sorted(names & sys.stdlib_module_names)
+        assert not hidden, f"{directory}/ hides the standard library's {hidden}: rename them"
 
 
 def test_dhcp_codec_bench_builds_the_same_reply_on_both_sides() -> None:

@@ -8,9 +8,10 @@ one connection after another, and 8 at once; a round does each case for both ser
 alternating which goes first. The figure is each server process's CPU (utime + stime of all
 its threads, from /proc/PID/stat) per GB sent, the median over rounds; a warm-up round
 checks the bytes (sha256).
-Run as root: `.venv/bin/python bench/http.py [ROUNDS]`.
+Run as root: `.venv/bin/python bench/http_files.py [ROUNDS]`.
 """
 
+import argparse
 import hashlib
 import os
 import statistics
@@ -140,4 +141,6 @@ def show(rounds: int, cpu: dict[tuple[str, str], list[float]], wall: dict) -> No
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 5)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("rounds", nargs="?", type=int, default=5, help="(default 5)")
+    main(parser.parse_args().rounds)
