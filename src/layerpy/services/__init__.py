@@ -2,7 +2,7 @@
 
 `run` is that loop: uvloop, libuv's event loop for asyncio. Lock-step TFTP is one pass of
 the loop per block, and the standard loop's pass cost about as much again as the block's
-own work; HTTP pays the loop's cost per connection (bench/tftp.py, bench/http.py; figures
+own work; HTTP pays the loop's cost per connection (bench/tftp.py, bench/http_files.py; figures
 in docs/scale.md). The services use only what both loops offer (not ``loop.sendfile`` or
 ``loop.sock_sendto``, which uvloop lacks), so tests that run them in process on the
 standard loop exercise the same code.
