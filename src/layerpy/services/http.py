@@ -251,7 +251,7 @@ class QueuedFile(web.StreamResponse):
     so a waiting client sees a slow server, never an error.
 
     Not aiohttp's FileResponse: that stats, opens and closes the file in the thread pool,
-    three round trips that cost more CPU than the rest of the request (bench/http.py,
+    three round trips that cost more CPU than the rest of the request (bench/http_files.py,
     docs/scale.md). Boot files and images are local, so this opens and stats them here;
     the open descriptor pins the file for the whole transfer, so a file replaced on disk
     (renamed over) is sent whole, old or new, never a mix. With GET, HEAD, a single Range
