@@ -56,7 +56,9 @@ class Throttle:
         self._windows: dict[str, _Window] = {}
         _throttles.add(self)
 
-    def log(self, kind: str, level: int, message: str, *args: object) -> None:
+    def log(
+        self, kind: str, level: int, message: str, *args: object, exc_info: bool = False
+    ) -> None:
         if not self.logger.isEnabledFor(level):
             return
         now = self.clock()
@@ -70,7 +72,7 @@ class Throttle:
             window = self._windows.setdefault(kind, _Window(now, level))
         if window.written < self.burst:
             window.written += 1
-            self.logger.log(level, message, *args)
+            self.logger.log(level, message, *args, exc_info=exc_info)
             return
         window.held += 1
         window.level = max(window.level, level)

@@ -104,7 +104,8 @@ class DhcpService:
             return
         except Exception:
             self.stats.observe("dhcp", kind, time.perf_counter() - started, ok=False)
-            log.exception("%s: failed to answer a DHCP %s", request.mac, kind)
+            quiet.log("failed", logging.ERROR, "%s: failed to answer a DHCP %s", request.mac,
+                      kind, exc_info=True)  # fmt: skip
             return
         self.stats.observe("dhcp", kind, time.perf_counter() - started)
         if verdict.untrusted:
