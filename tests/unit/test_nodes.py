@@ -4,12 +4,14 @@ the services drive them."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 
 import pytest
 
 from layerpy.config import load
+from layerpy.logs import BURST
 from layerpy.model import Phase, PowerState, RunState
 from layerpy.nodes import GAP, Ack, NodeStore, ReportRejected
 from layerpy.nodes.feed import ChangeFeed
@@ -469,3 +471,16 @@ def test_root_writes_state_files_as_the_servers_user(tmp_path) -> None:
     StateFiles(tmp_path).write("tokens.json", {"ops": {}})
     written = (tmp_path / "tokens.json").stat()
     assert (written.st_uid, written.st_gid, written.st_mode & 0o777) == (65534, 65534, 0o600)
+
+
+def test_claims_from_many_made_up_macs_are_a_few_log_lines(make_config, caplog) -> None:
+    """Issue 26: a fuzz gave 1 498 "claims sw1:swp1" lines in 33 s, one per MAC; each claim
+    is still an event on the feed, the log has a few lines of the kind."""
+    inv = NodeStore(make_config(more=LOCATED), clock=Clock())
+    bound_and_alive(inv)
+    caplog.set_level(logging.INFO, "layerpy.nodes")
+    for i in range(500):
+        assert inv.locate(f"52:54:00:ee:{i // 256:02x}:{i % 256:02x}", PORT, "lldp") is None
+    claims = [r.getMessage() for r in caplog.records if "claims sw1:swp3" in r.getMessage()]
+    assert 0 < len(claims) <= BURST, claims
+    assert len([e for e in inv.feed.events() if e["kind"] == "conflict"]) == 500
