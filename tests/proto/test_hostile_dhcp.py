@@ -22,11 +22,13 @@ from pathlib import Path
 import pytest
 
 from layerpy.proto import dhcp
+from layerpy.proto.agent import FILES_PATH, PROTOCOL
 
 from dhcp_requests import BIOS, IPXE, request
 
 LAYERPY = Path(sys.executable).parent / "layerpy"
 SERVER, RELAY, ATTACKER, MACHINE = "10.77.0.1", "10.77.0.254", "10.77.0.99", "10.77.0.14"
+BASE = f"http://{SERVER}:8080"
 SWITCH = f'\n[switches.sw1]\nrelay = "{RELAY}"\n'
 CN003 = '\n[nodes.cn003]\nip = "10.77.0.13"\nlocation = "sw1:swp3"\n'
 CN004 = '\n[nodes.cn004]\nlocation = "sw1:swp4"\n'
@@ -208,7 +210,7 @@ def test_a_forged_relay_gets_no_boot_script_token_or_file_in_proxy_mode(serve, t
         host.send([(ATTACKER, 68, SERVER, port, relayed(FORGED, "swp4", **IPXE))])
     host.send([(ATTACKER, 68, SERVER, 4011, boot_request(FORGED, ATTACKER))])
     wait_for(lambda: host.metric("layerpy_dhcp_requests_total") >= 3, 20, "three requests")
-    code, script = host.curl(ATTACKER, f"http://{SERVER}:8080/boot/cn004.ipxe")
+    code, script = host.curl(ATTACKER, f"{BASE}/boot/cn004.ipxe")
     assert code == 403 and "token" not in script, script
     assert host.metric("layerpy_dhcp_outcomes_total", outcome="untrusted-relay") == 2
     node = host.json("/api/v1/nodes/cn004")
@@ -218,9 +220,25 @@ def test_a_forged_relay_gets_no_boot_script_token_or_file_in_proxy_mode(serve, t
     wait_for(lambda: host.json("/api/v1/nodes/cn004")["mac"] == NEW, 20, "cn004 bound by the relay")
     host.send([(MACHINE, 68, SERVER, 4011, boot_request(NEW, MACHINE))])
     wait_for(lambda: host.json("/api/v1/nodes/cn004")["ip"] == MACHINE, 20, "cn004's address")
-    code, script = host.curl(MACHINE, f"http://{SERVER}:8080/boot/cn004.ipxe")
+    code, script = host.curl(MACHINE, f"{BASE}/boot/cn004.ipxe")
     assert code == 200 and "layerpy.token=" in script
-    assert host.curl(ATTACKER, f"http://{SERVER}:8080/boot/cn004.ipxe")[0] == 403
+    assert host.curl(ATTACKER, f"{BASE}/boot/cn004.ipxe")[0] == 403
+    # the secret goes to cn004's machine, by its token, and to nobody else
+    token = re.search(r"layerpy\.token=(\S+)", script).group(1)
+    hello = {"node": "cn004", "token": token, "mac": NEW, "ip": MACHINE, "boot_id": "b1",
+             "seq": 1, "event": "hello", "busy": False, "protocol": PROTOCOL}  # fmt: skip
+    code, answer = host.curl(MACHINE, "-X", "POST", "-H", "Content-Type: application/json",
+                             "--data", json.dumps(hello), f"{BASE}/api/v1/agent/report")  # fmt: skip
+    assert code == 200, answer
+    (secret,) = json.loads(answer)["files"]["files"]
+    url = f"{BASE}{FILES_PATH}{secret['digest']}"
+    assert host.curl(MACHINE, "-H", f"Authorization: Layerpy-Node cn004 {token}", url) == (
+        200,
+        SECRET,
+    )
+    for header in ([], ["-H", "Authorization: Layerpy-Node cn004 forged"]):
+        code, body = host.curl(ATTACKER, *header, url)
+        assert code == 403 and SECRET not in body
 
 
 # -- floods: the log stays a few lines per kind, the counters say the rest ---------------
