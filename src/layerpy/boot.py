@@ -84,6 +84,7 @@ class Verdict:
     grant: Grant | None
     why: str  # whose grant this is, or why there is none (for logs)
     unbootable: bool = False  # boot firmware we have no binary for (logged in apply())
+    untrusted: bool = False  # relayed, not by a relay we know: dropped, nothing written
 
 
 class PortShares:
@@ -177,13 +178,16 @@ class BootPolicy:
         if self._journal.crowded(len(table)):
             self._journal.rewrite(table.records())
 
-    def verdict(self, request: DhcpPacket) -> Verdict:
-        """What this request deserves; nothing is written here (see apply())."""
+    def verdict(self, request: DhcpPacket, sender: str) -> Verdict:
+        """What this request, which came from the address `sender`, deserves; nothing is
+        written here (see apply())."""
         mac, firmware = request.mac, firmware_of(request)
         vendor = request.options.get(OPT_VENDOR_CLASS, b"").decode("ascii", "replace") or None
-        if not request.giaddr.is_unspecified and request.giaddr not in self.config.relays:
-            why = f"relayed by {request.giaddr}, not a relay the node file names"
-            return Verdict(mac, firmware, vendor, None, None, False, None, why)
+        if not request.giaddr.is_unspecified:
+            refused = self._untrusted_relay(request.giaddr, sender)
+            if refused is not None:
+                return Verdict(mac, firmware, vendor, None, None, False, None, refused,
+                               untrusted=True)  # fmt: skip
         location = self._relay_location(request)
         located = self.nodes.who_is(mac, location) if location is not None else None
         node = located or self.nodes.by_mac(mac)
@@ -205,7 +209,8 @@ class BootPolicy:
         nodes = self.nodes
         if verdict.unbootable:
             who = verdict.node.name if verdict.node is not None else verdict.mac
-            quiet.log(verdict.mac, logging.WARNING, "%s: not answered: %s", who, verdict.why)
+            quiet.log("unbootable firmware", logging.WARNING, "%s: not answered: %s", who,
+                      verdict.why)  # fmt: skip
         if verdict.location is not None:
             nodes.locate(verdict.mac, verdict.location, "dhcp-option-82")
         if verdict.node is None:
@@ -260,19 +265,33 @@ class BootPolicy:
             )
         return lease
 
+    def _untrusted_relay(self, giaddr: IPv4Address, sender: str) -> str | None:
+        """Why a relayed request is not believed, or None when it came from its relay.
+
+        A relay is who sent the datagram: anyone can write a relay's address in giaddr
+        and option 82 of a packet of their own, so giaddr must name a relay of
+        ``[switches]`` and the datagram must come from that relay's address (``relay``,
+        or its ``relay_sources``)."""
+        senders = self.config.relays.get(giaddr)
+        if senders is None:
+            return f"relayed by {giaddr}, not a relay the node file names"
+        try:
+            if IPv4Address(sender) in senders:
+                return None
+        except ValueError:
+            pass
+        return f"names relay {giaddr} but was sent from {sender}, not from that relay"
+
     def _relay_location(self, request: DhcpPacket) -> tuple[str, str] | None:
         """The switch port a relay agent names (option 82): the switch by its remote id,
         else by the relay's address; the port is the circuit id.
 
-        Only from a relay the node file names (giaddr in ``switches.*.relay``): anyone
-        can put option 82 in a packet of their own, only the relay is trusted to have
-        stripped it and written its own. Not at all under ``identity = "mac"``."""
+        Only from a relay the node file names, as verdict() checked (giaddr in
+        ``switches.*.relay``, sent from that relay): only the relay is trusted to have
+        stripped a client's option 82 and written its own. Not at all under
+        ``identity = "mac"``."""
         relay = request.relay_agent
-        if (
-            1 not in relay
-            or request.giaddr not in self.config.relays
-            or self.config.server.identity == "mac"
-        ):
+        if 1 not in relay or request.giaddr.is_unspecified or self.config.server.identity == "mac":
             return None
         remote = relay.get(2, b"").decode(errors="replace")
         switch = next(

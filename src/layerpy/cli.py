@@ -484,7 +484,8 @@ def power(api: Client, action: str, nodes: str, force: bool, output: str) -> Non
 @output_option()
 def bind(api: Client, node: str, mac: str, output: str) -> None:
     """The machine with MAC is NODE from now on: confirms a machine's LLDP claim to a
-    node's port, or names new hardware where no relay can vouch for it."""
+    node's port or new hardware waiting under rebind = "confirm", or names new hardware
+    where no relay can vouch for it."""
     answer = api.call("/api/v1/bind", "POST", {"node": node, "mac": mac})
     if output == "json":
         _print_json(answer)

@@ -1,36 +1,99 @@
-"""Log lines a flood cannot multiply: the first few per source, then one that says the rest
-are being counted instead."""
+"""Log lines a flood cannot multiply: the first few of a kind per window, then the rest
+only counted, and one line that says how many there were.
+
+A *kind* is a constant the call site chooses (what happened: "untrusted relay", "bad
+request"), never a value from the network: 26 000 forged packets that each carry another
+address are still one kind, and are written as a few lines and one summary. What was held
+back is counted per (subsystem, kind) for ``/metrics`` (``layerpy_log_suppressed_total``).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
+import weakref
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 
-BURST = 5  # lines per source and window
+BURST = 5  # lines per kind and window
 WINDOW = 60.0  # seconds
-SOURCES = 1024  # sources remembered (the oldest are forgotten)
+KINDS = 64  # kinds per throttle at once; past this a call site is wrong: "other"
+OTHER = "other"
+SUMMARY_EVERY = 5.0  # seconds between the server's calls of flush_all()
+
+suppressed: Counter[tuple[str, str]] = Counter()
+"""Lines held back since the start, per (subsystem, kind), for /metrics."""
+_throttles: weakref.WeakSet[Throttle] = weakref.WeakSet()
+
+
+@dataclass(slots=True)
+class _Window:
+    start: float
+    level: int
+    written: int = 0
+    held: int = 0
 
 
 class Throttle:
-    """``log(source, level, message)`` writes at most BURST lines per source per WINDOW."""
+    """``log(kind, level, message, *args)`` writes at most `burst` lines of a kind per
+    `window` seconds; when a window that held lines back ends (at the kind's next line,
+    or at ``flush()``), one line says "… N more like this in the last S s"."""
 
-    def __init__(self, logger: logging.Logger, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        logger: logging.Logger,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        burst: int = BURST,
+        window: float = WINDOW,
+    ) -> None:
         self.logger = logger
         self.clock = clock
-        self._seen: OrderedDict[str, tuple[float, int]] = OrderedDict()  # start, lines
+        self.burst = burst
+        self.window = window
+        self.subsystem = logger.name.removeprefix("layerpy.")
+        self._windows: dict[str, _Window] = {}
+        _throttles.add(self)
 
-    def log(self, source: str, level: int, message: str, *args: object) -> None:
+    def log(
+        self, kind: str, level: int, message: str, *args: object, exc_info: bool = False
+    ) -> None:
+        if not self.logger.isEnabledFor(level):
+            return
         now = self.clock()
-        start, lines = self._seen.pop(source, (now, 0))
-        if now - start > WINDOW:
-            start, lines = now, 0
-        self._seen[source] = (start, lines + 1)
-        while len(self._seen) > SOURCES:
-            self._seen.popitem(last=False)
-        if lines < BURST:
-            self.logger.log(level, message, *args)
-        elif lines == BURST:
-            self.logger.log(level, "%s: more like this in the next %.0f s are only counted",
-                            source, WINDOW - (now - start))  # fmt: skip
+        window = self._windows.get(kind)
+        if window is not None and now - window.start >= self.window:
+            self._close(kind, window, now)
+            window = None
+        if window is None:
+            if len(self._windows) >= KINDS and kind not in self._windows:
+                kind = OTHER
+            window = self._windows.setdefault(kind, _Window(now, level))
+        if window.written < self.burst:
+            window.written += 1
+            self.logger.log(level, message, *args, exc_info=exc_info)
+            return
+        window.held += 1
+        window.level = max(window.level, level)
+        suppressed[self.subsystem, kind] += 1
+
+    def flush(self) -> None:
+        """Say what each ended window held back."""
+        now = self.clock()
+        for kind, window in list(self._windows.items()):
+            if now - window.start >= self.window:
+                self._close(kind, window, now)
+
+    def _close(self, kind: str, window: _Window, now: float) -> None:
+        del self._windows[kind]
+        if window.held:
+            self.logger.log(window.level, "%s: … %d more like this in the last %.0f s",
+                            kind, window.held, now - window.start)  # fmt: skip
+
+
+def flush_all() -> None:
+    """Every throttle's summaries of ended windows (the server calls this periodically, so
+    a flood that stopped is still summed up)."""
+    for throttle in list(_throttles):
+        throttle.flush()

@@ -104,6 +104,8 @@ class Node:
     location: dict[str, Any] | None = None  # the last evidence of where it is plugged in
     conflict: str | None = None
     conflict_at: float | None = None  # when the other machine last claimed the location
+    binding: dict[str, Any] | None = None  # the last change of its machine: MAC, previous, how
+    rebind_pending: dict[str, Any] | None = None  # new hardware waiting for `layerpy bind`
     problem: str | None = None  # what its agent gets wrong (e.g. another protocol version)
     console_problem: str | None = None  # a panic, oops... seen on its console in this boot
     console_seen: frozenset[str] = frozenset()  # the kinds of problem seen in this boot
@@ -129,6 +131,8 @@ class Node:
             "power_error": self.power_error,
             "location": self.location,
             "conflict": self.conflict,
+            "binding": self.binding,
+            "rebind_pending": self.rebind_pending,
             "problem": self.problem,
             "console_problem": self.console_problem,
             "image": {

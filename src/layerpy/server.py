@@ -19,7 +19,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from layerpy import host
+from layerpy import host, logs
 from layerpy.auth import Tokens
 from layerpy.boot import BootPolicy
 from layerpy.catalog import Catalog
@@ -251,6 +251,7 @@ class Server:
             tasks.create_task(self.lifecycle.run())
             tasks.create_task(self._check_lost())
             tasks.create_task(self._measure_loop_lag())
+            tasks.create_task(_sum_up_held_back_logs())
             if self.config.server.dhcp != "off" and self.config.server.dhcp_probe:
                 tasks.create_task(self._watch_for_other_servers())
 
@@ -331,6 +332,13 @@ def _console_specs(config: Config) -> dict[str, PowerSpec]:
 
 def _names(names: set[str]) -> str:
     return ",".join(sorted(names)) or "-"
+
+
+async def _sum_up_held_back_logs() -> None:
+    """The "… N more like this" line of a flood that stopped, not only at its next line."""
+    while True:
+        await asyncio.sleep(logs.SUMMARY_EVERY)
+        logs.flush_all()
 
 
 async def serve(config: Config, *, state_dir: Path | None = None) -> None:

@@ -40,6 +40,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.utils import floatToGoString
 
+from layerpy import logs
 from layerpy.model import Busy, ImageState, PowerState, RunState
 
 if TYPE_CHECKING:
@@ -114,8 +115,9 @@ FAMILIES = {
             "layerpy_dhcp_outcomes",
             "outcome",
             "What became of DHCP datagrams: the answer (offer, ack, nak, silent), or dropped "
-            "as malformed, ignored (no client's request), or a reply the kernel refused.",
-            ("offer", "ack", "nak", "silent", "malformed", "ignored", "dropped"),
+            "as malformed, ignored (no client's request), relayed but not from a relay the "
+            "node file names (untrusted-relay), or a reply the kernel refused.",
+            ("offer", "ack", "nak", "silent", "malformed", "ignored", "untrusted-relay", "dropped"),
         ),
     ),
     "tftp": Family(
@@ -282,6 +284,15 @@ class Stats:
                 for kind, value in values.items():
                     counted.add_metric([kind], value)
                 yield counted
+        held = CounterMetricFamily(
+            "layerpy_log_suppressed",
+            "Log lines held back because their kind was logged often in the last minute "
+            "(a flood): they are only counted, and summed up in one line.",
+            labels=["subsystem", "kind"],
+        )
+        for (subsystem, kind), value in sorted(logs.suppressed.items()):
+            held.add_metric([subsystem, kind], value)
+        yield held
 
 
 def _timed(family: Family, kinds: list[tuple[str, Series]]) -> Iterator[Metric]:

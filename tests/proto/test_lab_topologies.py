@@ -58,7 +58,8 @@ sock.bind(("10.99.0.1", 67))
 print("listening", flush=True)
 with open(sys.argv[1], "a") as out:
     while True:
-        print(sock.recv(4096).hex(), file=out, flush=True)
+        data, (source, _) = sock.recvfrom(4096)
+        print(source, data.hex(), file=out, flush=True)
 """
 LEASE_SCRIPT = """#!/bin/sh
 case "$1" in bound) ip addr add "$ip/24" dev "$interface"; echo "$ip $router" > {out} ;; esac
@@ -174,7 +175,10 @@ def test_relay_adds_circuit_id_of_each_port(tmp_path: Path) -> None:
         assert "master pb-swp3" in lab.run(["ip", "link", "show", "tap-late"]).stdout
         for proc in [udhcpc(client, "/bin/true") for client in clients]:
             proc.wait(timeout=20)
-        packets = [dhcp.decode(bytes.fromhex(line)) for line in record.read_text().split()]
+        lines = [line.split() for line in record.read_text().splitlines()]
+        packets = [dhcp.decode(bytes.fromhex(data)) for _, data in lines]
+        # dhcrelay sends from its giaddr: the default of [switches] relay_sources (issue 26)
+        assert {source for source, _ in lines} == {"10.99.0.254"}
         for number, client in enumerate(clients, 1):
             mac = client.run("cat", "/sys/class/net/eth0/address").stdout.strip()
             mine = [packet for packet in packets if packet.mac == mac]
@@ -214,5 +218,50 @@ def test_node_behind_relay_gets_a_lease_then_reaches_the_server(tmp_path: Path) 
         assert lab.run(["busybox", "ping", "-c", "1", "-W", "2", "10.99.0.11"]).returncode == 0
         # LLDP from the lab's switch reaches the node through its port as well
         assert listen(client, "eth0", 5)["neighbor"]["port_id"] == "swp1"
+    finally:
+        close(lab, [client])
+
+
+def test_layerpy_behind_dhcrelay_binds_and_replaces_by_port(make_config, tmp_path: Path) -> None:
+    """The relay's own datagrams (Debian's dhcrelay, sending from its giaddr) still name a
+    node by its port now that a relay is who sent the packet (issue 26): a machine on swp1
+    becomes cn003 and gets its address; another MAC on the same port replaces it."""
+    config = make_config(
+        more='\n[switches.sw1]\nrelay = "10.99.0.254"\n\n[nodes.cn003]\nip = "10.99.0.13"\n'
+        'location = "sw1:swp1"\n'
+    )
+    config.path.write_text(
+        config.path.read_text().replace("[server]\n", "[server]\ndhcp_probe = 0\n")
+    )
+    lab, (client,) = lab_with_ports(tmp_path / "lab", ["tap-c1"])
+    try:
+        serve_log = tmp_path / "serve.log"
+        layerpy = str(Path(sys.executable).parent / "layerpy")
+        lab.popen([layerpy, "serve", "-c", str(config.path)], log=serve_log)
+        assert wait_file(serve_log, "layerpy.server: serving", 30), serve_log.read_text()
+        start_relay(lab, {"tap-c1": "swp1"})
+        script = tmp_path / "lease.sh"
+        script.write_text(LEASE_SCRIPT.replace("{out}", str(tmp_path / "lease")))
+        script.chmod(0o755)
+
+        def api(path: str):
+            socket = str(tmp_path / "state" / "api.sock")
+            answer = lab.run(["curl", "-s", "--unix-socket", socket, f"http://layerpy{path}"])
+            return json.loads(answer.stdout)
+
+        macs = []
+        for mac in ("52:54:00:aa:00:01", "52:54:00:aa:00:02"):
+            client.run("ip", "link", "set", "eth0", "address", mac)
+            client.run("ip", "addr", "flush", "dev", "eth0")
+            assert udhcpc(client, script).wait(timeout=20) == 0
+            assert (tmp_path / "lease").read_text().split()[0] == "10.99.0.13"
+            assert api("/api/v1/nodes/cn003")["mac"] == mac
+            macs.append(mac)
+        events = {e["kind"]: e["message"] for e in api("/api/v1/events")}
+        assert events["bound"] == f"{macs[0]} is cn003 by its location sw1:swp1 (dhcp-option-82)"
+        assert events["replaced"] == (
+            f"hardware replaced at sw1:swp1 (dhcp-option-82): {macs[0]} -> {macs[1]}"
+        )
+        assert api("/api/v1/nodes/cn003/explain")["binding"]["previous"] == macs[0]
     finally:
         close(lab, [client])

@@ -9,8 +9,10 @@ from ipaddress import IPv4Address
 
 import pytest
 
+from layerpy import logs
 from layerpy.boot import DISCOVERY_LEASE, LEASES, PER_PORT, BootPolicy, firmware_of
 from layerpy.config import load
+from layerpy.logs import BURST
 from layerpy.model import RunState
 from layerpy.nodes import NodeStore
 from layerpy.proto import dhcp
@@ -41,8 +43,15 @@ def make_service(config, clock: Clock | None = None) -> DhcpService:
     return DhcpService(policy, SERVER, Stats(), log_requests=False)
 
 
+def handle(service: DhcpService, packet: dhcp.DhcpPacket, sender: str | None = None):
+    """handle() of a packet sent by `sender`: by default its relay when relayed (giaddr),
+    else a client without an address yet."""
+    relay = str(packet.giaddr) if not packet.giaddr.is_unspecified else "0.0.0.0"
+    return service.handle(packet, (sender or relay, 67 if relay != "0.0.0.0" else 68))
+
+
 def answer(service: DhcpService, packet: dhcp.DhcpPacket) -> dhcp.DhcpPacket | None:
-    return service.handle(packet)[1].reply
+    return handle(service, packet)[1].reply
 
 
 def with_discovery(make_config, more: str = ""):
@@ -194,7 +203,7 @@ def test_a_verdict_writes_nothing_and_apply_writes_it(make_config, mac, extra) -
     policy = service.policy
     discover = request(dhcp.DISCOVER, mac=mac, giaddr=RELAY if "o82" in extra else ZERO, **extra)
     before, leases = snapshot(policy.nodes), policy.leases.records()
-    verdict = policy.verdict(discover)
+    verdict = policy.verdict(discover, str(discover.giaddr))
     assert verdict.grant is not None
     assert snapshot(policy.nodes) == before and policy.leases.records() == leases
     policy.apply(verdict, ())
@@ -205,7 +214,7 @@ def test_relay_names_the_node_by_its_port(make_config) -> None:
     service = make_service(with_discovery(make_config, LOCATED))
     mac = "52:54:00:aa:00:03"
     discover = request(dhcp.DISCOVER, mac=mac, giaddr=RELAY, **BIOS, **ON_SWP3)
-    verdict, decision = service.handle(discover)
+    verdict, decision = handle(service, discover)
     assert verdict.node.name == "cn003" and verdict.location == ("sw1", "swp3")
     assert decision.reply.yiaddr == IPv4Address("10.99.0.13")
     assert decision.destination == ("10.99.0.254", 67)
@@ -228,10 +237,43 @@ def test_option_82_counts_only_from_a_named_relay(make_config, giaddr, identity)
     config.path.write_text(text)
     service = make_service(load(config.path))
     mac = "52:54:00:aa:00:03"
-    verdict, _ = service.handle(request(dhcp.DISCOVER, mac=mac, giaddr=giaddr, **BIOS, **ON_SWP3))
+    verdict, _ = handle(service, request(dhcp.DISCOVER, mac=mac, giaddr=giaddr, **BIOS, **ON_SWP3))
     assert verdict.node is None and verdict.location is None
     assert service.policy.nodes.by_mac(mac) is None
     assert service.policy.nodes.identities.bindings == {}
+
+
+def test_a_relayed_packet_is_believed_only_from_its_relay(make_config) -> None:
+    """Issue 26: a host that writes the relay's address in giaddr and a node's port in
+    option 82 took that node's identity. From anyone but the relay it is dropped and
+    counted, and nothing is written; from the relay itself it still names the node."""
+    service = make_service(with_discovery(make_config, LOCATED))
+    policy, mac = service.policy, "52:54:00:aa:00:03"
+    forged = request(dhcp.DISCOVER, mac=mac, giaddr=RELAY, **BIOS, **ON_SWP3)
+    before, leases = snapshot(policy.nodes), policy.leases.records()
+    verdict, decision = handle(service, forged, sender="10.99.0.99")
+    assert verdict.untrusted and verdict.node is None and decision.reply is None
+    assert (
+        verdict.why == "names relay 10.99.0.254 but was sent from 10.99.0.99, not from that relay"
+    )
+    service.datagram_received(dhcp.encode(forged), ("10.99.0.99", 67))
+    assert service.stats.series["dhcp", "untrusted-relay"].requests == 1
+    assert snapshot(policy.nodes) == before and policy.leases.records() == leases
+    verdict, decision = handle(service, forged)  # from 10.99.0.254, the relay
+    assert verdict.node.name == "cn003" and decision.reply is not None
+    assert policy.nodes.by_mac(mac).name == "cn003"
+
+
+def test_a_relay_may_send_from_other_addresses(make_config) -> None:
+    """relay_sources: where the relay's datagrams leave from, instead of its giaddr."""
+    sources = LOCATED.replace(
+        'relay = "10.99.0.254"\n', 'relay = "10.99.0.254"\nrelay_sources = ["10.99.0.253"]\n'
+    )
+    service = make_service(with_discovery(make_config, sources))
+    forged = request(dhcp.DISCOVER, mac="52:54:00:aa:00:03", giaddr=RELAY, **BIOS, **ON_SWP3)
+    assert handle(service, forged, sender="10.99.0.254")[0].untrusted
+    verdict, _ = handle(service, forged, sender="10.99.0.253")
+    assert not verdict.untrusted and verdict.node.name == "cn003"
 
 
 def test_only_relays_the_file_names_are_answered(make_config) -> None:
@@ -239,7 +281,9 @@ def test_only_relays_the_file_names_are_answered(make_config) -> None:
     service = make_service(with_discovery(make_config, LOCATED))
     stranger = IPv4Address("10.99.0.77")
     for mac in (KNOWN, STRANGER):
-        verdict, decision = service.handle(request(dhcp.DISCOVER, mac=mac, giaddr=stranger, **BIOS))
+        verdict, decision = handle(
+            service, request(dhcp.DISCOVER, mac=mac, giaddr=stranger, **BIOS)
+        )
         assert decision.reply is None, mac
         assert verdict.why == "relayed by 10.99.0.77, not a relay the node file names"
     assert answer(service, request(dhcp.DISCOVER, mac=KNOWN, giaddr=RELAY, **BIOS)) is not None
@@ -251,7 +295,7 @@ def test_a_port_held_by_a_live_machine_is_not_given_away(make_config) -> None:
     node = inventory.locate("52:54:00:aa:00:01", ("sw1", "swp3"), "lldp")
     node.run_state = RunState.READY  # alive: its agent reports
     newcomer = request(dhcp.DISCOVER, mac="52:54:00:aa:00:02", giaddr=RELAY, **BIOS, **ON_SWP3)
-    verdict, decision = service.handle(newcomer)
+    verdict, decision = handle(service, newcomer)
     assert verdict.node is None and verdict.why == "discovery pool"
     assert decision.reply.yiaddr == IPv4Address("10.99.0.200")
     assert "belongs to cn003" in inventory.unknown["52:54:00:aa:00:02"].conflict  # locate agreed
@@ -335,7 +379,7 @@ def test_one_relay_port_holds_a_bounded_share_of_the_pool(make_config, clock) ->
     offers = [discover(f"52:54:00:bb:00:{i:02x}", on_swp9) for i in range(10)]
     assert sum(offer is not None for offer in offers) == PER_PORT
     verdict = service.policy.verdict(
-        request(dhcp.DISCOVER, mac="52:54:00:bb:00:20", giaddr=RELAY, **BIOS, **on_swp9)
+        request(dhcp.DISCOVER, mac="52:54:00:bb:00:20", giaddr=RELAY, **BIOS, **on_swp9), str(RELAY)
     )
     assert verdict.why == f"unknown machine, sw1:swp9 holds {PER_PORT} discovery addresses"
     assert discover("52:54:00:bb:00:30", {"o82": b"\x01\x05swp10"}) is not None
@@ -431,3 +475,15 @@ def test_a_reply_the_kernel_refuses_is_counted_as_dropped(make_config) -> None:
     assert "dropped" not in accepting.stats.as_json()["dhcp"]
     assert len(sent) == 1 and dhcp.decode(sent[0][0]).message_type == dhcp.OFFER
     assert sent[0][1] == ("255.255.255.255", dhcp.CLIENT_PORT)
+
+
+def test_a_flood_of_informs_from_made_up_addresses_is_a_few_lines(service, caplog) -> None:
+    """Issue 26: 26 000 INFORMs with random ciaddr were 25 705 lines, since each told of
+    another address; now a few lines of that kind, the rest counted."""
+    caplog.set_level(logging.INFO, "layerpy.dhcp")
+    for i in range(1000):
+        ciaddr = IPv4Address(f"10.99.{i // 250 + 1}.{i % 250 + 1}")
+        inform = dhcp.encode(request(dhcp.INFORM, KNOWN, ciaddr=ciaddr, **IPXE))
+        service.datagram_received(inform, (str(ciaddr), 68))
+    assert 0 < len(caplog.records) <= BURST, [r.getMessage() for r in caplog.records]
+    assert logs.suppressed["dhcp", "inform silent"] >= 1000 - BURST

@@ -469,7 +469,7 @@ def test_locations(write) -> None:
         ),
         (
             ('chassis_id = "02-00-00-00-0A-01"\nrelay = "10.99.0.254"', "mtu = 9000"),
-            "switches.sw1.mtu: unknown key (known keys: chassis_id, relay, remote_id)",
+            "switches.sw1.mtu: unknown key (known keys: chassis_id, relay, relay_sources, remote_id)",
         ),
     ],
 )

@@ -1,28 +1,75 @@
-"""Log lines a flood cannot multiply."""
+"""Log lines a flood cannot multiply: bounded by kind, whatever the text carries."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
 
+from layerpy import logs
 from layerpy.logs import BURST, WINDOW, Throttle
+from layerpy.stats import Stats
 
 from clock import Clock
 
 
-def test_a_few_lines_per_source_then_one_that_says_the_rest_are_counted(
+def test_a_few_lines_per_kind_then_one_that_sums_up_the_rest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every line carries another address (as forged packets do); the kind alone counts."""
+    clock = Clock()
+    quiet = Throttle(logging.getLogger("layerpy.testquiet"), clock)
+    with caplog.at_level(logging.INFO, "layerpy.testquiet"):
+        for i in range(100):
+            quiet.log("refused", logging.INFO, "refused 10.0.%d.9", i)
+            clock.now += 0.5
+        quiet.log("other kind", logging.INFO, "another kind")
+        quiet.flush()  # the window is not over: nothing to sum up yet
+        assert len(caplog.records) == BURST + 1
+        clock.now += WINDOW - 50 + 1  # 61 s after the first line
+        quiet.flush()
+        quiet.log("refused", logging.INFO, "after the window")
+    lines = [record.getMessage() for record in caplog.records]
+    assert lines == [
+        *(f"refused 10.0.{i}.9" for i in range(BURST)),
+        "another kind",
+        "refused: … 95 more like this in the last 61 s",
+        "after the window",
+    ]
+    assert logs.suppressed["testquiet", "refused"] == 95
+    assert ("testquiet", "other kind") not in logs.suppressed
+
+
+def test_a_window_is_summed_up_at_the_next_line_of_its_kind(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     clock = Clock()
-    quiet = Throttle(logging.getLogger("test.quiet"), clock)
-    with caplog.at_level(logging.INFO, "test.quiet"):
-        for i in range(100):
-            quiet.log("10.0.0.9", logging.INFO, "refused %d", i)
-        quiet.log("10.0.0.8", logging.INFO, "another source")
-        clock.now += WINDOW + 1
-        quiet.log("10.0.0.9", logging.INFO, "after the window")
-    lines = [record.getMessage() for record in caplog.records]
-    assert lines[:BURST] == [f"refused {i}" for i in range(BURST)]
-    assert lines[BURST].startswith("10.0.0.9: more like this in the next ")
-    assert lines[BURST + 1 :] == ["another source", "after the window"]
+    quiet = Throttle(logging.getLogger("layerpy.testnext"), clock, burst=1, window=10)
+    with caplog.at_level(logging.INFO, "layerpy.testnext"):
+        for _ in range(3):
+            quiet.log("kind", logging.WARNING, "line")
+        clock.now += 10
+        quiet.log("kind", logging.INFO, "line")
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.WARNING, "line"),
+        (logging.WARNING, "kind: … 2 more like this in the last 10 s"),
+        (logging.INFO, "line"),
+    ]
+
+
+def test_lines_below_the_level_are_not_counted(caplog: pytest.LogCaptureFixture) -> None:
+    quiet = Throttle(logging.getLogger("layerpy.testdebug"), Clock())
+    with caplog.at_level(logging.INFO, "layerpy.testdebug"):
+        for _ in range(50):
+            quiet.log("chatter", logging.DEBUG, "per packet")
+    assert caplog.records == [] and ("testdebug", "chatter") not in logs.suppressed
+
+
+def test_lines_held_back_are_in_the_metrics(caplog: pytest.LogCaptureFixture) -> None:
+    quiet = Throttle(logging.getLogger("layerpy.testmetric"), Clock())
+    with caplog.at_level(logging.INFO, "layerpy.testmetric"):
+        for _ in range(BURST + 7):
+            quiet.log("bad request", logging.INFO, "no")
+    text = asyncio.run(Stats().exposition()).decode()
+    assert 'layerpy_log_suppressed_total{kind="bad request",subsystem="testmetric"} 7.0' in text

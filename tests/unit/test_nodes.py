@@ -4,12 +4,14 @@ the services drive them."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 
 import pytest
 
 from layerpy.config import load
+from layerpy.logs import BURST
 from layerpy.model import Phase, PowerState, RunState
 from layerpy.nodes import GAP, Ack, NodeStore, ReportRejected
 from layerpy.nodes.feed import ChangeFeed
@@ -218,11 +220,47 @@ def test_location_binds_replaces_moves_and_conflicts(make_config) -> None:
     assert inv.locate("52:54:00:aa:00:02", PORT, "dhcp-option-82") is node
     assert (
         inv.feed.events()[-1]["message"]
-        == "hardware replaced at sw1:swp3: 52:54:00:aa:00:01 -> 52:54:00:aa:00:02"
+        == "hardware replaced at sw1:swp3 (dhcp-option-82): 52:54:00:aa:00:01 -> 52:54:00:aa:00:02"
     )
     assert node.conflict is None and inv.by_mac("52:54:00:aa:00:01") is None
+    assert node.binding == {"mac": "52:54:00:aa:00:02", "previous": "52:54:00:aa:00:01",
+                            "how": "at sw1:swp3 (dhcp-option-82)", "at": clock.now}  # fmt: skip
     # bindings survive a restart
     assert NodeStore(inv.config).by_mac("52:54:00:aa:00:02").name == "cn003"
+
+
+def test_under_rebind_confirm_new_hardware_waits_for_layerpy_bind(make_config) -> None:
+    """A new machine at a node's port is not the node (no identity, so no token or files)
+    until an operator binds it; a node without any machine yet is bound by its port."""
+    clock = Clock()
+    config = make_config(more=LOCATED)
+    config.path.write_text(
+        config.path.read_text().replace("[server]\n", '[server]\nrebind = "confirm"\n')
+    )
+    inv = NodeStore(load(config.path), clock=clock)
+    node = bound_and_alive(inv)  # the first machine: bound by its location
+    assert inv.by_mac("52:54:00:aa:00:01") is node
+    clock.now += 100
+    inv.check_lost()
+    new = "52:54:00:aa:00:02"
+    for _ in range(3):  # a PXE ROM asks again and again: one event
+        assert inv.who_is(new, PORT) is None
+        assert inv.locate(new, PORT, "dhcp-option-82") is None
+    assert inv.by_mac(new) is None and inv.mac_of(node) == "52:54:00:aa:00:01"
+    waiting = [e["message"] for e in inv.feed.events() if e["kind"] == "rebind"]
+    assert waiting == [
+        f"{new} at sw1:swp3 (dhcp-option-82) would replace 52:54:00:aa:00:01: not bound "
+        f'until `layerpy bind cn003 {new}` (rebind = "confirm")'
+    ]
+    assert node.rebind_pending == {"mac": new, "where": "sw1:swp3", "source": "dhcp-option-82",
+                                   "at": clock.now}  # fmt: skip
+    assert inv.unknown[new].claim == waiting[0]
+    inv.bind("cn003", new, "uid 0 (root)")
+    assert inv.by_mac(new) is node and node.rebind_pending is None
+    assert inv.who_is(new, PORT) is node and inv.locate(new, PORT, "dhcp-option-82") is node
+    assert inv.feed.events()[-1]["message"] == (
+        f"hardware replaced by uid 0 (root): 52:54:00:aa:00:01 -> {new}"
+    )
 
 
 def test_conflict_stays_while_claimed_and_ends_when_the_claims_stop(make_config) -> None:
@@ -433,3 +471,16 @@ def test_root_writes_state_files_as_the_servers_user(tmp_path) -> None:
     StateFiles(tmp_path).write("tokens.json", {"ops": {}})
     written = (tmp_path / "tokens.json").stat()
     assert (written.st_uid, written.st_gid, written.st_mode & 0o777) == (65534, 65534, 0o600)
+
+
+def test_claims_from_many_made_up_macs_are_a_few_log_lines(make_config, caplog) -> None:
+    """Issue 26: a fuzz gave 1 498 "claims sw1:swp1" lines in 33 s, one per MAC; each claim
+    is still an event on the feed, the log has a few lines of the kind."""
+    inv = NodeStore(make_config(more=LOCATED), clock=Clock())
+    bound_and_alive(inv)
+    caplog.set_level(logging.INFO, "layerpy.nodes")
+    for i in range(500):
+        assert inv.locate(f"52:54:00:ee:{i // 256:02x}:{i % 256:02x}", PORT, "lldp") is None
+    claims = [r.getMessage() for r in caplog.records if "claims sw1:swp3" in r.getMessage()]
+    assert 0 < len(claims) <= BURST, claims
+    assert len([e for e in inv.feed.events() if e["kind"] == "conflict"]) == 500

@@ -185,6 +185,22 @@ def test_the_boot_script_goes_only_to_the_address_shown(policy) -> None:
     assert node.ip == IP("10.99.0.12")
 
 
+def test_a_forged_relay_gets_no_boot_on_either_port(make_config) -> None:
+    """Issue 26: a DISCOVER naming the relay and a node's port, sent by another host, then
+    a REQUEST on 4011 from that host's address: silence on both, nothing learned."""
+    located = LOCATED.replace('ip = "10.99.0.13"\n', "")
+    policy = BootPolicy(NodeStore(proxy_file(make_config, located), clock=Clock()))
+    mac, attacker = "52:54:00:aa:00:66", (str(SITE_ADDRESS), 67)
+    forged = request(dhcp.DISCOVER, mac, giaddr=RELAY, **IPXE, **ON_SWP3)
+    for number in (67, BOOT_SERVER_PORT):
+        verdict, decision = port(policy, number).handle(forged, attacker)
+        assert verdict.untrusted and decision.reply is None
+    decision = port(policy, BOOT_SERVER_PORT).handle(boot_request(mac, **IPXE), attacker)[1]
+    assert decision.reply is None
+    node = policy.nodes.nodes["cn003"]
+    assert policy.nodes.by_mac(mac) is None and node.ip is None and node.boot is None
+
+
 def test_a_relayed_discover_names_the_node_by_its_port(make_config) -> None:
     """Behind a relay that forwards to the site's server and to layerpy: the port in option
     82 names the node, the offer goes back to the relay, and port 4011 then knows its MAC."""
@@ -192,7 +208,7 @@ def test_a_relayed_discover_names_the_node_by_its_port(make_config) -> None:
     policy = BootPolicy(NodeStore(proxy_file(make_config, located), clock=Clock()))
     mac = "52:54:00:aa:00:03"
     discover = request(dhcp.DISCOVER, mac, giaddr=RELAY, **IPXE, **ON_SWP3)
-    verdict, decision = port(policy, 67).handle(discover)
+    verdict, decision = port(policy, 67).handle(discover, (str(RELAY), 67))
     assert verdict.node.name == "cn003" and decision.destination == (str(RELAY), 67)
     assert decision.reply.yiaddr == ZERO
     assert decision.reply.options[dhcp.OPT_BOOTFILE].endswith(b"/boot/cn003.ipxe")

@@ -25,7 +25,7 @@ from layerpy.power.base import DRIVERS, PowerSpec
 
 NODE_KEYS = {"ip", "mac", "power", "bmc", "image", "location", "vars", "persist_disk"}
 GROUP_KEYS = NODE_KEYS | {"nodes"}
-SWITCH_KEYS = {"chassis_id", "relay", "remote_id"}
+SWITCH_KEYS = {"chassis_id", "relay", "remote_id", "relay_sources"}
 BMC_KEYS = {
     "driver", "address", "user", "password_file", "password_env", "verify_tls", "port", "console",
 }  # fmt: skip
@@ -41,9 +41,15 @@ def switches(r: Reader, data: dict[str, Any]) -> dict[str, SwitchConfig]:
             get("chassis_id", str, values.identifier),
             get("relay", str, values.ipv4),
             get("remote_id", str),
+            get("relay_sources", list, values.ipv4_list, default=()),
         )
         if not (switch.chassis_id or switch.relay or switch.remote_id):
             r.problem(prefix, "needs chassis_id (LLDP), relay or remote_id (DHCP option 82)")
+        if switch.relay_sources and switch.relay is None:
+            r.problem(
+                f"{prefix}.relay_sources",
+                "names where the relay's datagrams come from: set relay (its giaddr) too",
+            )
         switches[name] = switch
     return switches
 

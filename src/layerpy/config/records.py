@@ -21,6 +21,9 @@ OTHER_DHCP = ("refuse", "expected")  # another DHCP server on the segment: refus
 # agent's LLDP claim once that or an operator confirms it; location-trusted: also an
 # agent's LLDP claim on its own (a lab, or a boot network with no hostile machine).
 IDENTITY_MODES = ("mac", "location", "location-trusted")
+# A new machine at a node's location that already has one: auto: it is the node from now on
+# (replaced hardware); confirm: it waits for `layerpy bind` (docs/location.md).
+REBIND_MODES = ("auto", "confirm")
 POWER_STATES = ("on", "off")
 
 
@@ -70,6 +73,7 @@ class ServerConfig:
     power_on_rate: float = 0.0  # nodes powered on (or cycled) per second; 0: as fast as able
     log_requests: bool = False
     identity: str = "location"
+    rebind: str = "auto"
     other_dhcp: str = "refuse"
     dhcp_probe: float = 4.0  # seconds to listen for other DHCP servers (0: never look)
     send_timeout: float = 60.0  # seconds a file transfer may find no room to send (nginx's)
@@ -135,12 +139,21 @@ class ImageConfig:
 @dataclass(frozen=True)
 class SwitchConfig:
     """A switch nodes are named by: its LLDP chassis id, and for DHCP option 82 the
-    address of its relay agent (giaddr) or the remote id it sends."""
+    address of its relay agent (giaddr) or the remote id it sends, and the addresses the
+    relay's datagrams come from (``relay`` itself unless ``relay_sources`` says others)."""
 
     name: str
     chassis_id: str | None = None
     relay: IPv4Address | None = None
     remote_id: str | None = None
+    relay_sources: tuple[IPv4Address, ...] = ()
+
+    @property
+    def senders(self) -> tuple[IPv4Address, ...]:
+        """Where this switch's relayed datagrams may come from."""
+        if self.relay is None:
+            return ()
+        return self.relay_sources or (self.relay,)
 
 
 @dataclass(frozen=True)
@@ -198,7 +211,12 @@ class Config:
     files: dict[str, FileConfig] = field(default_factory=dict)
 
     @cached_property
-    def relays(self) -> frozenset[IPv4Address]:
-        """The DHCP relay agents the switches name: the only senders whose option 82 is
-        believed and whose clients are answered (worked out once per file, not per packet)."""
-        return frozenset(s.relay for s in self.switches.values() if s.relay is not None)
+    def relays(self) -> dict[IPv4Address, frozenset[IPv4Address]]:
+        """The DHCP relay agents the switches name (giaddr), each with the addresses its
+        datagrams may come from: the only relayed requests believed and answered (worked
+        out once per file, not per packet)."""
+        senders: dict[IPv4Address, frozenset[IPv4Address]] = {}
+        for switch in self.switches.values():
+            if switch.relay is not None:
+                senders[switch.relay] = senders.get(switch.relay, frozenset()) | set(switch.senders)
+        return senders

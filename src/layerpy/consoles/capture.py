@@ -189,8 +189,8 @@ class Consoles:
         if len(console.pending) > PENDING_LIMIT:
             excess = len(console.pending) - PENDING_LIMIT
             del console.pending[:excess]
-            quiet.log(console.node, logging.WARNING, "%s: console log lost %d bytes: the disk "
-                      "is slower than the node prints", console.node, excess)  # fmt: skip
+            quiet.log("console log lost", logging.WARNING, "%s: console log lost %d bytes: "
+                      "the disk is slower than the node prints", console.node, excess)  # fmt: skip
         for viewer in list(console.viewers):
             if not _offer(viewer, data):  # too slow: told why, and let go
                 console.viewers.discard(viewer)

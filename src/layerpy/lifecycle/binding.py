@@ -182,7 +182,8 @@ class Lifecycle:
         try:
             return self.deliveries.spec(self.store.config, name, image)
         except RenderError as error:
-            files_log.log(name, logging.ERROR, "%s: files not delivered: %s", name, error)
+            files_log.log("not delivered", logging.ERROR, "%s: files not delivered: %s", name,
+                          error)  # fmt: skip
             return None
 
     def file_content(self, name: str, digest: str) -> bytes | None:
@@ -251,6 +252,8 @@ class Lifecycle:
         return {
             "location": node.location,  # evidence: source, switch, port, chassis, MAC, when
             "conflict": node.conflict,
+            "binding": node.binding,  # the last change of its machine (replaced hardware)
+            "rebind_pending": node.rebind_pending,  # a new machine waiting for `layerpy bind`
             "problem": node.problem,
             "console": node.console_problem,
             "image_wanted": self.image_of(name),

@@ -39,6 +39,9 @@ TOKENS = "boots.jsonl"  # a Journal: one line per new boot token or boot id
 OLD_TOKENS = "boots.json"  # before: the whole table, rewritten at every boot; read once
 ALIVE = (RunState.INIT, RunState.READY)
 FATAL_ON_CONSOLE = {"panic"}  # the console problems after which a node cannot go on
+# Events a machine on the boot network can repeat at will (a new MAC each time): their log
+# lines are throttled by kind; the events themselves all go on the feed.
+REPEATABLE_EVENTS = frozenset({"conflict", "claim", "rebind", "replaced", "moved"})
 # The engine's variables, as node fields (the engine concludes values of these itself)
 VARIABLE_FIELDS = {"power": "power", "run": "run_state", "busy": "busy", "image": "image_state"}
 
@@ -114,13 +117,23 @@ class NodeStore:
 
     def who_is(self, mac: str, location: Location) -> Node | None:
         """The node ``locate()`` will say this MAC is at this port, without binding: the
-        node configured there, unless another machine of its is alive there."""
+        node configured there, unless another machine of its is alive there, or the new
+        machine waits for an operator's confirmation (rebind = "confirm")."""
         node = self.at(location)
-        return None if node is None or self._held_by_another(node, mac) else node
+        if node is None or self._held_by_another(node, mac) or self._awaits_bind(node, mac):
+            return None
+        return node
 
     def _held_by_another(self, node: Node, mac: str) -> bool:
         current = self.mac_of(node)
         return current not in (None, mac) and self.alive(node)
+
+    def _awaits_bind(self, node: Node, mac: str) -> bool:
+        """Under rebind = "confirm", a new machine where the node has one already is not
+        the node until ``layerpy bind`` says so (a node without any machine yet is bound
+        by its location, as under "auto")."""
+        current = self.mac_of(node)
+        return self.config.server.rebind == "confirm" and current not in (None, mac)
 
     # -- writing (the only code that assigns observed fields) ----------------------------
 
@@ -135,8 +148,13 @@ class NodeStore:
             self.feed.publish(node.name, "observed", changed, why)
 
     def _event(self, node: str, kind: str, message: str) -> None:
-        """Something an operator should see later (``GET /api/v1/events``), also logged."""
-        log.log(logging.WARNING if kind == "conflict" else logging.INFO, "%s: %s", node, message)
+        """Something an operator should see later (``GET /api/v1/events``), also logged
+        (a few lines a minute of the kinds the boot network can repeat at will)."""
+        level = logging.WARNING if kind in ("conflict", "rebind") else logging.INFO
+        if kind in REPEATABLE_EVENTS:
+            quiet.log(f"event {kind}", level, "%s: %s", node, message)
+        else:
+            log.log(level, "%s: %s", node, message)
         self.feed.publish(node, "event", {"event": kind}, message)
 
     def _set_state(self, node: Node, state: RunState, why: str = "") -> None:
@@ -225,11 +243,30 @@ class NodeStore:
                 machine, _ = self.unknown.seen(mac, now)
                 machine.conflict = f"{where} belongs to {node.name} ({current}, alive)"
                 return None
+            if self._awaits_bind(node, mac):
+                self._rebind_pending(node, mac, where, source)
+                return None
             self._bind(node, mac, source, where)
         elif node.conflict and now - (node.conflict_at or 0) > self._lost_limit:
             self._set(node, conflict=None)  # the other machine stopped claiming the location
         self._set(node, location=evidence)
         return node
+
+    def _rebind_pending(self, node: Node, mac: str, where: str, source: str) -> None:
+        """New hardware at a node's location under rebind = "confirm": shown on the node
+        (explain), as an event, and on the machine (``/api/v1/unknown``), once per MAC."""
+        if node.rebind_pending is not None and node.rebind_pending["mac"] == mac:
+            return
+        current = self.mac_of(node)
+        message = (
+            f"{mac} at {where} ({source}) would replace {current}: not bound until "
+            f'`layerpy bind {node.name} {mac}` (rebind = "confirm")'
+        )
+        self._event(node.name, "rebind", message)
+        machine, _ = self.unknown.seen(mac, self.clock())
+        machine.claim = message
+        pending = {"mac": mac, "where": where, "source": source, "at": self.clock()}
+        self._set(node, f"{mac} waits for layerpy bind", rebind_pending=pending)
 
     def bind(self, name: str, mac: str, operator: str) -> None:
         """An operator says which machine a node is: confirms a pending LLDP claim, or
@@ -247,13 +284,14 @@ class NodeStore:
             moved = f"{mac} moved from {previous.name} to {node.name} ({where or source})"
             self._event(previous.name, "moved", moved)
         if current:
-            how = f"at {where}" if where else f"by {source}"
+            how = f"at {where} ({source})" if where else f"by {source}"
             self._event(node.name, "replaced", f"hardware replaced {how}: {current} -> {mac}")
         else:
             how = f"by its location {where} ({source})" if where else f"by {source}"
             self._event(node.name, "bound", f"{mac} is {node.name} {how}")
         self.unknown.forget(mac)
-        self._set(node, mac=mac, conflict=None)
+        binding = {"mac": mac, "previous": current, "how": how, "at": self.clock()}
+        self._set(node, mac=mac, conflict=None, binding=binding, rebind_pending=None)
 
     def alive(self, node: Node) -> bool:
         """Its own machine (the one bound to it) is reporting."""

@@ -85,12 +85,14 @@ class DhcpService:
             request = dhcp.decode(data)
         except dhcp.DhcpError as error:
             self.stats.count("dhcp", "malformed", ok=False)
-            log.debug("dropped malformed packet from %s: %s", addr[0], error)
+            quiet.log("malformed", logging.DEBUG, "dropped malformed packet from %s: %s",
+                      addr[0], error)  # fmt: skip
             return
         refused = screen(request)
         if refused is not None:
             self.stats.count("dhcp", "ignored")
-            log.debug("%s: ignored a datagram from %s: %s", request.mac, addr[0], refused)
+            quiet.log("ignored", logging.DEBUG, "%s: ignored a datagram from %s: %s",
+                      request.mac, addr[0], refused)  # fmt: skip
             return
         kind = MESSAGE_NAMES[request.message_type or 0]
         try:
@@ -102,9 +104,15 @@ class DhcpService:
             return
         except Exception:
             self.stats.observe("dhcp", kind, time.perf_counter() - started, ok=False)
-            log.exception("%s: failed to answer a DHCP %s", request.mac, kind)
+            quiet.log("failed", logging.ERROR, "%s: failed to answer a DHCP %s", request.mac,
+                      kind, exc_info=True)  # fmt: skip
             return
         self.stats.observe("dhcp", kind, time.perf_counter() - started)
+        if verdict.untrusted:
+            self.stats.count("dhcp", "untrusted-relay", ok=False)
+            quiet.log("untrusted relay", logging.WARNING, "%s: dropped a relayed %s from %s: %s",
+                      request.mac, kind, addr[0], verdict.why)  # fmt: skip
+            return
         answer = decision.answer
         self.stats.count("dhcp", answer)
         self._log(request.mac, kind, addr[0], verdict, decision, answer)
@@ -117,8 +125,11 @@ class DhcpService:
         for lease in self.policy.tick():
             level = logging.INFO if lease.state == BOUND else logging.DEBUG
             whose = lease.client or "nobody's"
-            log.log(level, "%s lease %s lapsed (%s)", lease.state, lease.address, whose)
-        verdict = self.policy.verdict(request)
+            quiet.log("lease lapsed", level, "%s lease %s lapsed (%s)", lease.state,
+                      lease.address, whose)  # fmt: skip
+        verdict = self.policy.verdict(request, sender[0])
+        if verdict.untrusted:  # a forged relay's word: nothing answered, nothing written
+            return verdict, Decision(None, None, verdict.why)
         server, subnet = self._identity, self.policy.config.network.subnet
         if server.subnet is not subnet:  # a reload changed the node file
             server = self._identity = ServerIdentity(self.server_address, subnet)
@@ -139,8 +150,10 @@ class DhcpService:
     def _log(
         self, mac: str, kind: str, source: str, verdict: Verdict, decision: Decision, answer: str
     ) -> None:
-        """One debug line per packet when asked for; an info line per event (a NAK, a
-        release, a decline, silence towards a client we serve), once until it changes."""
+        """One debug line per packet when asked for (log_requests); an info line per event
+        (a NAK, a release, a decline, silence towards a client we serve), once per client
+        until it changes, and a few per kind a minute (a flood of made-up MACs is a
+        flood of "changes")."""
         if self.log_requests:
             log.debug(
                 "%s: %s from %s (%s) -> %s (%s)",
@@ -160,7 +173,8 @@ class DhcpService:
             self._logged.popitem(last=False)
         declined = any(effect.action is Action.DECLINE for effect in decision.effects)
         level = logging.WARNING if declined else logging.INFO
-        log.log(level, "%s: %s -> %s (%s)", mac, kind, answer, decision.reason)
+        quiet.log(f"{kind} {answer}", level, "%s: %s -> %s (%s)", mac, kind, answer,
+                  decision.reason)  # fmt: skip
 
 
 async def start_dhcp(

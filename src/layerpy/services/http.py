@@ -165,7 +165,7 @@ async def boot_script(request: web.Request) -> web.Response:
         raise web.HTTPNotFound(text=f"no node named {name!r}\n")
     address = policy.address_of(node)
     if address is None or request.remote != str(address):
-        quiet.log(name, logging.WARNING, "%s: refused its boot script to %s", name,
+        quiet.log("boot script refused", logging.WARNING, "%s: refused its boot script to %s", name,
                   request.remote)  # fmt: skip
         whom = address or "the address it shows the ProxyDHCP server (none yet)"
         raise web.HTTPForbidden(text=f"the boot script of {name} is only for {whom}\n")
@@ -216,8 +216,8 @@ async def agent_report(request: web.Request) -> web.Response:
         ack = request.app[NODES].report(payload)
     except ReportRejected as rejected:
         remote = request.remote or "?"
-        quiet.log(remote, logging.WARNING, "rejected an agent report from %s: %s", remote,
-                  rejected.reason)  # fmt: skip
+        quiet.log("report rejected", logging.WARNING, "rejected an agent report from %s: %s",
+                  remote, rejected.reason)  # fmt: skip
         return web.json_response({"error": rejected.reason}, status=rejected.status)
     power, heartbeat = request.app[POWER], request.app[NODES].config.server.heartbeat
     if ack.node == DISCOVERY:
@@ -377,12 +377,12 @@ async def _send_file(
 
 def _stalled(request: web.BaseRequest, name: str, timeout: float) -> ConnectionResetError:
     """Reset a client that took nothing for `timeout` seconds; counted, and said once in a
-    while per client (a client may stall on purpose). Returns the error to raise."""
+    while (a client may stall on purpose). Returns the error to raise."""
     if request.transport is not None:
         request.transport.abort()
     remote = request.remote or "?"
     request.app[STATS].count("http", "stalled", ok=False)
-    quiet.log(remote, logging.WARNING, "dropped the transfer of %s to %s: it took nothing in "
+    quiet.log("stalled", logging.WARNING, "dropped the transfer of %s to %s: it took nothing in "
               "%g s (send_timeout)", Path(name).name, remote, timeout)  # fmt: skip
     return ConnectionResetError(f"no room to send for {timeout:g} s")
 
@@ -408,7 +408,7 @@ def _check_entitled(request: web.Request, digest: str) -> None:
     claimed = _node(request, "image files are for the nodes that run them")
     spec = request.app[POWER].image_spec(claimed.node)
     if spec is None or spec.digest != digest:
-        quiet.log(claimed.node, logging.WARNING, "%s: refused image %s, not assigned to it",
+        quiet.log("image refused", logging.WARNING, "%s: refused image %s, not assigned to it",
                   claimed.node, printable(digest, 80))  # fmt: skip
         raise web.HTTPForbidden(text=f"image {printable(digest, 80)} is not {claimed.node}'s\n")
 
@@ -420,7 +420,7 @@ async def node_file(request: web.Request) -> web.Response:
     digest = request.match_info["digest"]
     content = request.app[POWER].file_content(claimed.node, digest)
     if content is None:
-        quiet.log(claimed.node, logging.WARNING, "%s: refused file %s, not one of its files",
+        quiet.log("file refused", logging.WARNING, "%s: refused file %s, not one of its files",
                   claimed.node, printable(digest, 80))  # fmt: skip
         raise web.HTTPForbidden(text=f"{printable(digest, 80)} is no file of {claimed.node}\n")
     headers = {"Cache-Control": "no-store"}

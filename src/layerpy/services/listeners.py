@@ -158,7 +158,7 @@ class AdmittedSite(web.BaseSite):
 
 class BadRequests(logging.Filter):
     """aiohttp logs every unparsable request at ERROR with a traceback: anyone could fill
-    the disk with junk. Those become one line each, a few per client a minute, and a count."""
+    the disk with junk. Those become one line each, a few a minute, and a count."""
 
     def __init__(self, on_bad: Callable[[], None]) -> None:
         super().__init__()
@@ -171,7 +171,7 @@ class BadRequests(logging.Filter):
         self.on_bad()
         client = str(record.args[0]) if isinstance(record.args, tuple) and record.args else "?"
         reason = printable(getattr(error, "message", "") or type(error).__name__, 120)
-        quiet.log(client, logging.INFO, "bad HTTP request from %s: %s", client, reason)
+        quiet.log("bad request", logging.INFO, "bad HTTP request from %s: %s", client, reason)
         return False
 
 

@@ -232,7 +232,7 @@ class TftpServer:
             return
         self.stats.requests += 1
         if addr in self._clients:  # a retransmitted RRQ: answering twice would be a TID clash
-            log.debug("%s:%d duplicate request", *addr[:2])
+            quiet.log("duplicate", logging.DEBUG, "%s:%d duplicate request", *addr[:2])
             return
         crowded = self._open_from[addr[0]] >= PER_CLIENT or len(self._clients) >= TOTAL
         if crowded and self._listen:
@@ -279,12 +279,12 @@ class TftpServer:
         event = TftpEvent(kind, client[0], client[1], name, size, time.monotonic() - t0, reason)
         line = f"{kind} {client[0]}:{client[1]} {printable(name)} {size} bytes "
         line += f"{event.seconds:.3f} s {printable(reason)}"
-        if kind in ("start", "malformed"):
+        if kind == "start":
             log.debug("%s", line.rstrip())
         elif kind == "done":
             log.info("%s", line.rstrip())
         else:  # failures and refusals: a flood of them must not flood the log
-            quiet.log(client[0], logging.INFO, "%s", line.rstrip())
+            quiet.log(kind, logging.INFO, "%s", line.rstrip())
         if self.on_event:
             try:
                 self.on_event(event)
