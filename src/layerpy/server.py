@@ -60,7 +60,9 @@ class Server:
         self.lifecycle = Lifecycle(self.nodes, self.catalog, config.server.power_poll, self.stats)
         self.stats.watch_nodes(self.lifecycle)
         self.policy = BootPolicy(self.nodes)
-        self.consoles = Consoles(config.server.state_dir / "consoles", self.nodes.saw_console)
+        self.plan = budget.plan(budget.raise_limit())  # what each subsystem may hold
+        self.consoles = Consoles(config.server.state_dir / "consoles", self.nodes.saw_console,
+                                 most=self.plan.consoles)  # fmt: skip
         self._closers: list[object] = []
         self._runners: list[web.AppRunner] = []
         self._neighbours: set[IPv4Address] = set()  # other DHCP servers seen on the segment
@@ -119,7 +121,7 @@ class Server:
             problem = host.interface_problem(server.interface, server.address)
             if problem is not None:
                 raise StartRefused(problem)
-        plan = budget.plan(budget.raise_limit())
+        plan = self.plan
         log.info("%s", plan.summary())
         bad = listeners.BadRequests(lambda: self.stats.count("http", "malformed", ok=False))
         logging.getLogger("aiohttp.server").addFilter(bad)

@@ -54,8 +54,8 @@ class TftpBudget:
     address, and the part of all that only addresses `known` says are nodes' may take,
     so that a crowd of strangers' stalled requests cannot starve the nodes."""
 
-    total: int = 64
-    per_address: int = 8
+    total: int
+    per_address: int
     known_share: int = 0
     known: Callable[[str], bool] = lambda address: False
 
@@ -343,13 +343,14 @@ async def start_tftp(
     *,
     interface: str | None = None,
     on_event: Callable[[TftpEvent], None] | None = None,
-    budget: TftpBudget | None = None,
+    budget: TftpBudget,
     timeout: float = 1.0,
     retries: int = 5,
 ) -> TftpServer:
-    """Serve files under `root` read-only on address:port (bound to `interface` if given)."""
-    server = TftpServer(root, address, interface, on_event, budget or TftpBudget(),
-                        timeout=timeout, retries=retries)  # fmt: skip
+    """Serve files under `root` read-only on address:port (bound to `interface` if given),
+    at most `budget`'s transfers at once."""
+    server = TftpServer(root, address, interface, on_event, budget, timeout=timeout,
+                        retries=retries)  # fmt: skip
     try:
         sock = _socket(address, port, interface)
     except OSError as error:
