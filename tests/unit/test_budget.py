@@ -134,10 +134,10 @@ def test_full_is_said_once_per_episode(caplog: pytest.LogCaptureFixture) -> None
     held = fill(budget, [f"10.9.0.{n}" for n in range(8)])
     for n in range(20):
         held.append(budget.admit(Connection(f"10.9.2.{n}"))[1])  # type: ignore[arg-type]
-    full = [r.getMessage() for r in caplog.records if "all 8 in use" in r.getMessage()]
+    full = [r.getMessage() for r in caplog.records if "8 of 8 in use" in r.getMessage()]
     assert full == [
-        "boot HTTP connections: all 8 in use, 8 from unknown addresses; shedding idle "
-        "connections for new ones, the oldest first"
+        "boot HTTP connections: 8 of 8 in use, 8 from unknown addresses (who may hold 8); "
+        "shedding idle connections for new ones, the oldest first"
     ]
 
 

@@ -149,8 +149,11 @@ class Admission:
     def _say_full(self, what: str) -> None:
         if not self.full:
             self.full = True
-            log.warning("%s connections: all %d in use, %d from unknown addresses; %s",
-                        self.name, self.total, self.strangers, what)  # fmt: skip
+            log.warning(
+                "%s connections: %d of %d in use, %d from unknown addresses (who may hold "
+                "%d); %s", self.name, len(self.held), self.total, self.strangers,
+                self.total - self.known_share, what,
+            )  # fmt: skip
 
 
 def in_request(handler: asyncio.Protocol) -> bool:
@@ -273,6 +276,14 @@ class AdmittedSite(web.BaseSite):
             )
         except OSError as error:
             raise cannot_listen(self.service, error, self.port, address=self.host) from None
+
+    async def stop(self) -> None:
+        """Stop listening, and close the connections that never sent a byte: aiohttp's
+        shutdown closes the others, but it never saw these."""
+        await super().stop()
+        for connection in list(self.admission.held):
+            if isinstance(connection, _Admitted) and connection.inner is None:
+                connection.shed()
 
 
 class BadRequests(logging.Filter):
