@@ -13,7 +13,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 from layerpy.services import run
-from layerpy.services.tftp import TftpEvent, start_tftp
+from layerpy.services.tftp import TftpBudget, TftpEvent, start_tftp
+
+# room for the tests' crowds (1 000 stalled transfers, 32 from one address); `layerpy serve`
+# takes its budget from the descriptor plan instead
+CROWDS = TftpBudget(total=1024, per_address=32)
 
 
 def show(record: dict) -> None:
@@ -30,6 +34,7 @@ async def serve(args: argparse.Namespace) -> None:
         args.port,
         interface=args.interface,
         on_event=on_event,
+        budget=CROWDS,
         timeout=args.timeout,
     )
     stop = asyncio.Event()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from layerpy import host, logs
+from layerpy import budget, host, logs
 from layerpy.auth import Tokens
 from layerpy.boot import BootPolicy
 from layerpy.catalog import Catalog
@@ -35,7 +35,7 @@ from layerpy.services import listeners
 from layerpy.services.api import build_api
 from layerpy.services.dhcp import other_servers, start_dhcp
 from layerpy.services.http import build_app
-from layerpy.services.tftp import TftpEvent, start_tftp
+from layerpy.services.tftp import TftpBudget, TftpEvent, start_tftp
 from layerpy.stats import Stats
 
 log = logging.getLogger("layerpy.server")
@@ -60,7 +60,9 @@ class Server:
         self.lifecycle = Lifecycle(self.nodes, self.catalog, config.server.power_poll, self.stats)
         self.stats.watch_nodes(self.lifecycle)
         self.policy = BootPolicy(self.nodes)
-        self.consoles = Consoles(config.server.state_dir / "consoles", self.nodes.saw_console)
+        self.plan = budget.plan(budget.raise_limit())  # what each subsystem may hold
+        self.consoles = Consoles(config.server.state_dir / "consoles", self.nodes.saw_console,
+                                 most=self.plan.consoles)  # fmt: skip
         self._closers: list[object] = []
         self._runners: list[web.AppRunner] = []
         self._neighbours: set[IPv4Address] = set()  # other DHCP servers seen on the segment
@@ -119,15 +121,13 @@ class Server:
             problem = host.interface_problem(server.interface, server.address)
             if problem is not None:
                 raise StartRefused(problem)
-        admission = listeners.Admission(
-            total=max(64, listeners.raise_fd_limit() - listeners.SPARE_FDS),
-            on_refused=lambda: self.stats.count("http", "refused", ok=False),
-        )
+        plan = self.plan
+        log.info("%s", plan.summary())
         bad = listeners.BadRequests(lambda: self.stats.count("http", "malformed", ok=False))
         logging.getLogger("aiohttp.server").addFilter(bad)
         self._closers.append(_Detach(logging.getLogger("aiohttp.server"), bad))
-        await self._boot_http(admission)
-        await self._operator_api(admission)
+        await self._boot_http(plan)
+        await self._operator_api(plan)
         self._closers.append(
             await start_tftp(
                 self.config.ipxe.directory,
@@ -135,6 +135,7 @@ class Server:
                 server.tftp_port,
                 interface=server.interface,
                 on_event=self._tftp_event,
+                budget=TftpBudget(plan.tftp, plan.tftp_per_address, plan.tftp_known, self._known),
             )
         )
         self.catalog.sync(self.config)  # images pull in the background
@@ -157,8 +158,30 @@ class Server:
         self._runners.append(runner)
         return runner
 
-    async def _boot_http(self, admission: listeners.Admission) -> None:
+    def _known(self, address: str) -> bool:
+        """Whether a boot-network address is a node's: in the node file (or shown by a
+        node in proxy mode), or leased from the discovery pool."""
+        if self.nodes.by_ip(address) is not None:
+            return True
+        leases = self.policy.leases
+        return leases is not None and leases.leased(address)
+
+    def _admission(self, name: str, plan: budget.Plan, *, boot: bool) -> listeners.Admission:
+        """A listener's connection budget from the plan: the boot network's keeps a part
+        for known nodes; refusals and sheds are counted."""
+        return listeners.Admission(
+            name,
+            total=plan.boot_http if boot else plan.operator_api,
+            per_address=plan.boot_http_per_address if boot else plan.operator_api_per_address,
+            known_share=plan.boot_http_known if boot else 0,
+            known=self._known if boot else lambda address: False,
+            on_refused=lambda: self.stats.count("http", "refused", ok=False),
+            on_shed=lambda: self.stats.count("http", "shed", ok=False),
+        )
+
+    async def _boot_http(self, plan: budget.Plan) -> None:
         server = self.config.server
+        admission = self._admission("boot HTTP", plan, boot=True)
         app = build_app(self.policy, self.stats, self.lifecycle, self.catalog,
                         log_requests=server.log_requests)  # fmt: skip
         runner = await self._serve_app(app)
@@ -167,10 +190,11 @@ class Server:
         ).start()
         log.info("http for the boot network on %s", server.url)
 
-    async def _operator_api(self, admission: listeners.Admission) -> None:
-        """The Unix socket and the TCP listeners for operators; the first operator token
-        at the very first start."""
+    async def _operator_api(self, plan: budget.Plan) -> None:
+        """The Unix socket and the TCP listeners for operators (a budget of their own,
+        never the boot network's); the first operator token at the very first start."""
         server, api = self.config.server, self.config.api
+        admission = self._admission("operator API", plan, boot=False)
         tokens = Tokens(server.state_dir)
         made = tokens.first_start()
         if made is not None:
@@ -235,11 +259,12 @@ class Server:
     def _tftp_event(self, event: TftpEvent) -> None:
         """Each request is counted once, when it ends: "read" (a transfer, with its service
         time and acknowledged bytes; failed ones are failures), "denied" (refused before
-        any data: no such file, a write, a bad mode); "malformed" counts dropped datagrams."""
+        any data: no such file, a write, a bad mode), "refused" (over the transfer budget);
+        "malformed" counts dropped datagrams."""
         if event.kind in ("done", "failed"):
             ok = event.kind == "done"
             self.stats.observe("tftp", "read", event.seconds, ok=ok, size=event.bytes)
-        elif event.kind in ("denied", "malformed"):
+        elif event.kind in ("denied", "refused", "malformed"):
             self.stats.count("tftp", event.kind, ok=False)
         node = self.nodes.by_ip(event.client)
         if node is not None and event.kind == "done":

@@ -130,9 +130,9 @@ FAMILIES = {
         counted=Counted(
             "layerpy_tftp_rejected",
             "reason",
-            "TFTP requests denied before any data (no such file, a write, a bad mode), and "
-            "malformed datagrams dropped.",
-            ("denied", "malformed"),
+            "TFTP requests denied before any data (no such file, a write, a bad mode), "
+            "refused over the transfer budget, and malformed datagrams dropped.",
+            ("denied", "refused", "malformed"),
         ),
     ),
     "http": Family(
@@ -145,10 +145,11 @@ FAMILIES = {
         counted=Counted(
             "layerpy_http_rejected",
             "reason",
-            "HTTP connections refused over the connection limit (refused), requests "
-            "that could not be parsed (malformed), and file transfers dropped because "
-            "their client took nothing for send_timeout seconds (stalled).",
-            ("refused", "malformed", "stalled"),
+            "HTTP connections refused over the connection limit (refused), idle ones "
+            "closed to make room for new ones (shed), requests that could not be parsed "
+            "(malformed), and file transfers dropped because their client took nothing "
+            "for send_timeout seconds (stalled).",
+            ("refused", "shed", "malformed", "stalled"),
         ),
     ),
     "bmc": Family(

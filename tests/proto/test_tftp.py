@@ -584,10 +584,10 @@ def test_one_address_gets_a_bounded_number_of_transfers(lab):
             return [json.loads(line)["kind"] for line in lines if line.startswith("{")]
 
         deadline = time.monotonic() + 60
-        while kinds().count("start") + kinds().count("denied") < 1000:
+        while kinds().count("start") + kinds().count("refused") < 1000:
             assert time.monotonic() < deadline, kinds()[-5:]
             time.sleep(0.1)
-        assert kinds().count("start") == 32 and kinds().count("denied") == 968
+        assert kinds().count("start") == 32 and kinds().count("refused") == 968
         dest, output, _ = lab.get("curl", "k512.bin", port=3069)  # another address: served
         assert sha(dest) == sha(lab.root / "k512.bin"), output
     finally:

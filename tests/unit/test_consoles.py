@@ -170,3 +170,21 @@ async def test_a_link_that_breaks_in_any_way_is_tried_again(tmp_path, monkeypatc
         await asyncio.sleep(0.01)
     assert len(attempts) == 4
     await consoles.close()  # never raises, whatever the links did
+
+
+@scenario
+async def test_consoles_beyond_the_plans_share_are_not_captured(tmp_path, caplog) -> None:
+    """The descriptor plan's share: the first in name order are captured, the rest said."""
+
+    async def never(node: str, spec: PowerSpec) -> Link:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    consoles = Consoles(tmp_path / "consoles", lambda *p: None, never, most=2)
+    consoles.sync({name: SPEC for name in ("cn003", "cn001", "cn002")})
+    try:
+        assert [consoles.has(name) for name in ("cn001", "cn002", "cn003")] == [True, True, False]
+        said = "3 consoles in the node file, room for 2 in the descriptor plan: not capturing "
+        assert said + "cn003; raise LimitNOFILE" in caplog.text
+    finally:
+        await consoles.close()

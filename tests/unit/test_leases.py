@@ -222,3 +222,13 @@ def test_a_decline_after_the_offer_lapsed_still_quarantines(clock) -> None:
     clock.now += HOLD
     assert leases.decline(A, IP("10.0.0.10")).state == DECLINED
     assert leases.candidate(B, IP("10.0.0.10")) == IP("10.0.0.11")
+
+
+def test_leased_names_the_addresses_in_use_now(clock) -> None:
+    """What the connection budgets ask of a peer's address: offered or bound, not run out."""
+    leases = table(clock)
+    address = bind(leases, A, lease_time=300)
+    assert leases.leased(str(address)) and not leases.leased("10.0.0.11")
+    assert not leases.leased("fe80::1") and not leases.leased("")
+    clock.now += 301
+    assert not leases.leased(str(address))

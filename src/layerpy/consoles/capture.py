@@ -95,16 +95,30 @@ class _Console:
 class Consoles:
     """The captures of all nodes: the one writer of ``consoles/``."""
 
-    def __init__(self, directory: Path, on_problem: OnProblem, opener: Opener = open_link) -> None:
+    def __init__(
+        self, directory: Path, on_problem: OnProblem, opener: Opener = open_link,
+        most: int | None = None,
+    ) -> None:  # fmt: skip
         self.directory = directory
         self.on_problem = on_problem
         self.opener = opener
+        self.most = most  # consoles captured at once: the descriptor plan's share
         self._consoles: dict[str, _Console] = {}
         self._flusher: asyncio.Task[None] | None = None
 
     def sync(self, specs: dict[str, PowerSpec]) -> None:
-        """Capture exactly these nodes' consoles (a reload adds, drops and changes some)."""
+        """Capture exactly these nodes' consoles (a reload adds, drops and changes some),
+        as many as the descriptor plan has room for: those first in name order."""
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.most is not None and len(specs) > self.most:
+            names = sorted(specs)
+            left = names[self.most :]
+            log.warning(
+                "%d consoles in the node file, room for %d in the descriptor plan: not "
+                "capturing %s%s; raise LimitNOFILE (docs/scale.md)", len(specs), self.most,
+                ", ".join(left[:5]), f" and {len(left) - 5} more" if len(left) > 5 else "",
+            )  # fmt: skip
+            specs = {name: specs[name] for name in names[: self.most]}
         for node in list(self._consoles):
             if node not in specs or specs[node] != self._consoles[node].spec:
                 self._stop(node)

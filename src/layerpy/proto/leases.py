@@ -102,6 +102,14 @@ class LeaseTable:
             return None
         return Lease(IPv4Address(number), *held)
 
+    def leased(self, address: str) -> bool:
+        """Whether `address` (text, as a socket names a peer) is offered or bound now."""
+        try:
+            held = self._held.get(int(IPv4Address(address)))
+        except ValueError:
+            return False
+        return held is not None and held[1] in (OFFERED, BOUND) and held[2] > self.clock()
+
     def candidate(self, client: str, requested: IPv4Address | None = None) -> IPv4Address | None:
         """The address an allocation for this client would take, without taking it: its
         own (or last) address, else the one it asks for if free, else a never-used one,

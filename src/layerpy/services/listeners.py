@@ -3,9 +3,15 @@
 aiohttp closes a connection that sends no complete request within its keep-alive timeout
 (also the first one), which ends slow-header and idle connections. What it does not do is
 count: 1 100 idle sockets from one machine used to hold every file descriptor of the
-process, and then HTTP and TFTP failed for everyone. Here each listener admits at most
-``per_client`` connections from one address and ``total`` in all, and turns the rest away
-at once (counted, and logged once per episode, not once per connection).
+process, and 900 from 40 addresses held every slot the boot listener and the operator API
+shared. Here each listener has its own :class:`Admission`, sized by the descriptor plan
+(`layerpy.budget`): at most ``per_address`` connections from one address and ``total`` in
+all. When all are taken, a newcomer takes the place of the oldest idle connection (one
+that has no request in progress: it never sent a whole one, or waits between two); a
+connection inside a request is never shed. Part of the total is kept for known nodes'
+addresses, and an unknown address never sheds a known one's connection, so a crowd of
+strangers cannot starve the nodes. What cannot get in is turned away at once, counted,
+and logged once per episode, not once per connection.
 """
 
 from __future__ import annotations
@@ -14,13 +20,12 @@ import asyncio
 import grp
 import logging
 import os
-import resource
 import ssl
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import http_exceptions, web
 
@@ -32,80 +37,193 @@ log = logging.getLogger("layerpy.http")
 quiet = Throttle(log)
 
 IDLE_TIMEOUT = 15.0  # seconds a connection may sit without a complete request
-PER_CLIENT = 64  # connections one address may hold (iPXE and agents use one or two)
-BACKLOG = 1024  # handshakes queued for accept(): a rack of nodes fetching at once
-SPARE_FDS = 256  # descriptors kept for TFTP transfers, BMC sessions and files
+BACKLOG = 4096  # handshakes queued for accept() (the kernel caps it at net.core.somaxconn)
+PER_ADDRESS_CAP = "http per-address cap"  # the log's kind for an address over its cap
 
 
-def raise_fd_limit() -> int:
-    """Lift the soft descriptor limit to the hard one; returns the limit in force."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return hard
+class Held(Protocol):
+    """A connection as admission sees it."""
+
+    address: str
+
+    def idle(self) -> bool:
+        """No request in progress: it may be shed for a newcomer."""
+        ...
 
 
 @dataclass
 class Admission:
-    """Connection counts shared by the listeners of one process."""
+    """The connection budget of one listener; the one writer of its counts.
 
-    per_client: int = PER_CLIENT
-    total: int = 1024
+    `admit` decides and says which connection to shed; the caller closes it (no I/O here).
+    """
+
+    name: str  # "boot HTTP", "operator API": what the log says
+    total: int
+    per_address: int
+    known_share: int = 0  # of total, only for addresses `known` says are nodes'
+    known: Callable[[str], bool] = lambda address: False
     on_refused: Callable[[], None] = lambda: None
-    open: Counter[str] = field(default_factory=Counter)
+    on_shed: Callable[[], None] = lambda: None
+    held: dict[Held, bool] = field(default_factory=dict)  # oldest first: known or not
+    open: Counter[str] = field(default_factory=Counter)  # by address
+    strangers: int = 0  # held connections of unknown addresses
     crowded: set[str] = field(default_factory=set)  # addresses told off in the log
+    full: bool = False  # said that the budget is full, until it is half free again
 
-    def admit(self, address: str) -> bool:
-        if self.open[address] >= self.per_client or self.open.total() >= self.total:
-            self.on_refused()
-            if address not in self.crowded:
-                self.crowded.add(address)
-                log.warning(
-                    "refusing HTTP connections from %s: %d open from there, %d in all "
-                    "(limits %d per client, %d in all)", address, self.open[address],
-                    self.open.total(), self.per_client, self.total,
-                )  # fmt: skip
-            return False
+    def admit(self, connection: Held) -> tuple[bool, Held | None]:
+        """Whether `connection` gets in, and the idle connection it takes the place of."""
+        address = connection.address
+        if self.open[address] >= self.per_address:
+            self._refuse_address(address)
+            return False, None
+        known = self.known(address)
+        shed = None
+        if not self._room(known):
+            shed = self._idlest(known)
+            if shed is None:
+                self._refuse(known)
+                return False, None
+            self._say_full("shedding idle connections for new ones, the oldest first")
+            self.release(shed)
+            self.on_shed()
+        self.held[connection] = known
         self.open[address] += 1
-        return True
+        self.strangers += not known
+        return True, shed
 
-    def release(self, address: str) -> None:
+    def release(self, connection: Held) -> None:
+        """The connection closed (or was shed): its place is free. Idempotent."""
+        known = self.held.pop(connection, None)
+        if known is None:
+            return
+        address = connection.address
+        self.strangers -= not known
         self.open[address] -= 1
         if self.open[address] <= 0:
             del self.open[address]
-        if address in self.crowded and self.open[address] < self.per_client // 2:
+        if address in self.crowded and self.open[address] < self.per_address // 2:
             self.crowded.discard(address)
-            log.info("accepting HTTP connections from %s again", address)
+        if self.full and len(self.held) < self.total // 2:
+            self.full = False
+            log.info("%s connections: %d of %d in use again", self.name, len(self.held),
+                     self.total)  # fmt: skip
+
+    def _room(self, known: bool) -> bool:
+        if len(self.held) >= self.total:
+            return False
+        return known or self.strangers < self.total - self.known_share
+
+    def _idlest(self, known: bool) -> Held | None:
+        """The oldest idle connection a newcomer may shed: a stranger's, or (for a known
+        address) anyone's. Busy ones seen on the way go to the back of the line, so
+        that the next look does not walk them again."""
+        busy: list[Held] = []
+        found = None
+        for held, held_known in self.held.items():
+            if held_known and not known:
+                continue
+            if held.idle():
+                found = held
+                break
+            busy.append(held)
+        for held in busy:
+            self.held[held] = self.held.pop(held)
+        return found
+
+    def _refuse_address(self, address: str) -> None:
+        self.on_refused()
+        if address not in self.crowded:
+            self.crowded.add(address)
+            quiet.log(
+                PER_ADDRESS_CAP, logging.WARNING, "refusing %s connections from %s: %d open "
+                "from there (limit %d per address)", self.name, address, self.open[address],
+                self.per_address,
+            )  # fmt: skip
+
+    def _refuse(self, known: bool) -> None:
+        self.on_refused()
+        whose = "" if known else " (the rest is kept for known nodes)"
+        self._say_full(f"every connection is inside a request{whose}: refusing new ones")
+
+    def _say_full(self, what: str) -> None:
+        if not self.full:
+            self.full = True
+            log.warning(
+                "%s connections: %d of %d in use, %d from unknown addresses (who may hold "
+                "%d); %s", self.name, len(self.held), self.total, self.strangers,
+                self.total - self.known_share, what,
+            )  # fmt: skip
+
+
+def in_request(handler: asyncio.Protocol) -> bool:
+    """Whether an aiohttp connection is inside a request. Idle is aiohttp's own test
+    before it closes a keep-alive connection (``RequestHandler._process_keepalive``):
+    its loop waits for the next request and none has arrived whole. A handler that has
+    not started waiting yet (just connected) counts as busy."""
+    waiter = getattr(handler, "_waiter", None)
+    return waiter is None or waiter.done()
 
 
 class _Admitted(asyncio.Protocol):
-    """Stands in front of aiohttp's protocol: turns away a connection over the limits."""
+    """Stands in front of aiohttp's protocol: turns away a connection over the limits,
+    and closes an idle one its admission sheds.
 
-    def __init__(self, inner: asyncio.Protocol, admission: Admission) -> None:
-        self.inner: asyncio.Protocol | None = inner
+    aiohttp's handler is made at the connection's first byte: a crowd that connects and
+    sends nothing, shed and refilled thousands of times a second, then costs a socket
+    and a timer each, not a handler and its task (that work, under such a crowd, held
+    a node's answer for most of a second). The timer closes a connection that sends
+    nothing within IDLE_TIMEOUT, as aiohttp's keep-alive timeout would have."""
+
+    def __init__(self, make_handler: Callable[[], asyncio.Protocol], admission: Admission) -> None:
+        self.make_handler = make_handler
         self.admission = admission
         self.address = ""
+        self.transport: asyncio.BaseTransport | None = None  # once admitted, until lost
+        self.inner: asyncio.Protocol | None = None  # aiohttp's handler, from the first byte
+        self.timer: asyncio.TimerHandle | None = None
+
+    def idle(self) -> bool:
+        return self.inner is None or not in_request(self.inner)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
         self.address = peer[0] if isinstance(peer, tuple) else ""
-        if not self.admission.admit(self.address):
-            self.inner = None
+        admitted, shed = self.admission.admit(self)
+        if isinstance(shed, _Admitted):
+            shed.shed()
+        if not admitted:
             transport.abort()
             return
-        assert self.inner is not None
-        self.inner.connection_made(transport)
+        self.transport = transport
+        self.timer = asyncio.get_running_loop().call_later(IDLE_TIMEOUT, self.shed)
+
+    def shed(self) -> None:
+        """Close at once: the descriptor is free on the loop's next turn."""
+        if self.transport is not None:
+            self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
-        if self.inner is not None:
-            self.inner.data_received(data)
+        if self.inner is None:
+            if self.transport is None:
+                return
+            if self.timer is not None:
+                self.timer.cancel()
+            self.inner = self.make_handler()
+            self.inner.connection_made(self.transport)
+        self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
         return self.inner.eof_received() if self.inner is not None else None
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.transport is None:
+            return
+        self.admission.release(self)
+        self.transport = None
+        if self.timer is not None:
+            self.timer.cancel()
         if self.inner is not None:
-            self.admission.release(self.address)
             self.inner.connection_lost(exc)
             self.inner = None
 
@@ -143,17 +261,29 @@ class AdmittedSite(web.BaseSite):
         await super().start()
         handlers = self._runner.server
         assert handlers is not None
+        # a TLS connection reaches the admission after its handshake: one that never
+        # finishes it holds its descriptor uncounted until this timeout
+        handshake = {"ssl_handshake_timeout": IDLE_TIMEOUT} if self._ssl_context else {}
         try:
             self._server = await asyncio.get_running_loop().create_server(
-                lambda: _Admitted(handlers(), self.admission),
+                lambda: _Admitted(handlers, self.admission),
                 self.host,
                 self.port,
                 ssl=self._ssl_context,
                 reuse_address=True,
                 backlog=BACKLOG,
+                **handshake,
             )
         except OSError as error:
             raise cannot_listen(self.service, error, self.port, address=self.host) from None
+
+    async def stop(self) -> None:
+        """Stop listening, and close the connections that never sent a byte: aiohttp's
+        shutdown closes the others, but it never saw these."""
+        await super().stop()
+        for connection in list(self.admission.held):
+            if isinstance(connection, _Admitted) and connection.inner is None:
+                connection.shed()
 
 
 class BadRequests(logging.Filter):

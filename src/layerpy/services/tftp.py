@@ -5,9 +5,10 @@ TID, RFC 1350) connected to the client, so the kernel drops strangers' packets a
 vanished client into ICMP port unreachable, which ends the transfer at once.
 
 Bounded: a transfer reads its file block by block (it holds the packets in flight, not
-the file), at most ``PER_CLIENT`` transfers run per client address and ``TOTAL`` in all,
-and one that hears nothing gives up after its retries. Refusals are logged a few per
-client, then only counted.
+the file), a :class:`TftpBudget` (from the descriptor plan, `layerpy.budget`) caps the
+transfers per client address and in all, with a part of them kept for known nodes'
+addresses, and one that hears nothing gives up after its retries. Refusals are counted
+and logged a few at a time.
 """
 
 from __future__ import annotations
@@ -31,8 +32,7 @@ from layerpy.text import printable
 log = logging.getLogger("layerpy.tftp")
 quiet = Throttle(log)
 
-PER_CLIENT = 32  # transfers at once from one address (a PXE ROM needs one)
-TOTAL = 1024  # transfers at once in all (each holds a socket and the file open)
+REFUSED = "tftp over budget"  # the log's kind for a request refused over the budget
 READ_AHEAD = 16 << 10  # bytes read at once for a transfer (ten blocks of 1468)
 NETASCII_MAX = 1 << 20  # netascii converts the whole file: only small ones
 
@@ -45,11 +45,24 @@ class TftpStats:
     bytes_sent: int = 0  # payload the clients acknowledged
     malformed: int = 0
     denied: int = 0
+    refused: int = 0  # over the budget
+
+
+@dataclass(frozen=True)
+class TftpBudget:
+    """Transfers at once (each holds a socket and its file open): in all, per client
+    address, and the part of all that only addresses `known` says are nodes' may take,
+    so that a crowd of strangers' stalled requests cannot starve the nodes."""
+
+    total: int
+    per_address: int
+    known_share: int = 0
+    known: Callable[[str], bool] = lambda address: False
 
 
 @dataclass(frozen=True)
 class TftpEvent:
-    kind: str  # "start", then "done" | "failed"; or "denied"; or "malformed" (one datagram)
+    kind: str  # "start", then "done" | "failed"; or "denied" | "refused"; or "malformed"
     client: str
     port: int
     filename: str
@@ -210,15 +223,18 @@ class TftpServer:
         address: str,
         interface: str | None,
         on_event: Callable[[TftpEvent], None] | None,
+        budget: TftpBudget,
         **options: float,
     ) -> None:
         self.root, self.address, self.interface, self.on_event = root, address, interface, on_event
+        self.budget = budget
         self.options = options  # for Transfer: timeout, retries
         self.stats = TftpStats()
         self._listen: Datagrams | None = None
         self._tasks: set[asyncio.Task] = set()
         self._clients: dict[tuple, _Session | None] = {}  # by client: loading (None) or open
         self._open_from: Counter[str] = Counter()  # transfers per client address
+        self._strangers: set[tuple] = set()  # clients of addresses not known as nodes'
 
     def listen(self, sock: socket.socket) -> None:
         self._listen = Datagrams(sock)
@@ -234,17 +250,31 @@ class TftpServer:
         if addr in self._clients:  # a retransmitted RRQ: answering twice would be a TID clash
             quiet.log("duplicate", logging.DEBUG, "%s:%d duplicate request", *addr[:2])
             return
-        crowded = self._open_from[addr[0]] >= PER_CLIENT or len(self._clients) >= TOTAL
-        if crowded and self._listen:
+        known = self._room(addr[0])
+        if known is None:
             refusal = proto.TftpError(proto.ErrorCode.NOT_DEFINED, "too many transfers, retry")
-            self._listen.send(refusal.packet(), addr)
-            self._emit("denied", addr, request.filename, time.monotonic(), reason=refusal.message)
+            if self._listen:
+                self._listen.send(refusal.packet(), addr)
+            self._emit("refused", addr, request.filename, time.monotonic(), reason=refusal.message)
             return
         self._clients[addr] = None
         self._open_from[addr[0]] += 1
+        if not known:
+            self._strangers.add(addr)
         task = asyncio.get_running_loop().create_task(self._serve(request, addr))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _room(self, address: str) -> bool | None:
+        """Whether the budget has room for one more transfer from `address`: None if not,
+        else whether the address is a known node's."""
+        budget = self.budget
+        if self._open_from[address] >= budget.per_address or len(self._clients) >= budget.total:
+            return None
+        known = budget.known(address)
+        if not known and len(self._strangers) >= budget.total - budget.known_share:
+            return None
+        return known
 
     async def _serve(self, request: proto.Request, client: tuple) -> None:
         t0 = time.monotonic()
@@ -271,9 +301,11 @@ class TftpServer:
             self._open_from[client[0]] -= 1
             if not self._open_from[client[0]]:
                 del self._open_from[client[0]]
+            self._strangers.discard(client)
         self.stats.transfers_ok += kind == "done"
         self.stats.transfers_failed += kind == "failed"
         self.stats.denied += kind == "denied"
+        self.stats.refused += kind == "refused"
         self.stats.malformed += kind == "malformed"
         self.stats.bytes_sent += size
         event = TftpEvent(kind, client[0], client[1], name, size, time.monotonic() - t0, reason)
@@ -283,6 +315,8 @@ class TftpServer:
             log.debug("%s", line.rstrip())
         elif kind == "done":
             log.info("%s", line.rstrip())
+        elif kind == "refused":  # a crowd from many addresses: a few lines, then a count
+            quiet.log(REFUSED, logging.INFO, "%s", line.rstrip())
         else:  # failures and refusals: a flood of them must not flood the log
             quiet.log(kind, logging.INFO, "%s", line.rstrip())
         if self.on_event:
@@ -309,11 +343,14 @@ async def start_tftp(
     *,
     interface: str | None = None,
     on_event: Callable[[TftpEvent], None] | None = None,
+    budget: TftpBudget,
     timeout: float = 1.0,
     retries: int = 5,
 ) -> TftpServer:
-    """Serve files under `root` read-only on address:port (bound to `interface` if given)."""
-    server = TftpServer(root, address, interface, on_event, timeout=timeout, retries=retries)
+    """Serve files under `root` read-only on address:port (bound to `interface` if given),
+    at most `budget`'s transfers at once."""
+    server = TftpServer(root, address, interface, on_event, budget, timeout=timeout,
+                        retries=retries)  # fmt: skip
     try:
         sock = _socket(address, port, interface)
     except OSError as error:
