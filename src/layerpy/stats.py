@@ -144,9 +144,12 @@ FAMILIES = {
             "layerpy_http_rejected",
             "reason",
             "HTTP connections refused over the connection limit (refused), requests "
-            "that could not be parsed (malformed), and file transfers dropped because "
-            "their client took nothing for send_timeout seconds (stalled).",
-            ("refused", "malformed", "stalled"),
+            "that could not be parsed (malformed), file transfers dropped because "
+            "their client took nothing for send_timeout seconds (stalled), operator "
+            "tokens refused unread after too many wrong ones (guessing), console "
+            "WebSockets from another site (cross_origin), and event streams dropped "
+            "for falling behind (slow_reader).",
+            ("refused", "malformed", "stalled", "guessing", "cross_origin", "slow_reader"),
         ),
     ),
     "bmc": Family(
