@@ -143,9 +143,7 @@ def test_the_console_websocket_refuses_other_sites(
 
 READERS = 200
 BOOTS = 3000  # boot script fetches: two changes each, some 400 bytes of events
-# What may stay of the readers' memory once they are gone. Issue 26 asks 20 MB; measured:
-# 28 MB stays (96 MB without the heap trim after dropped streams), see docs/scale.md.
-RETURNED_WITHIN = 40 << 20
+RETURNED_WITHIN = 20 << 20  # what may stay of the readers' memory once they are gone
 
 
 def rss(pid: int) -> int:
