@@ -15,18 +15,20 @@ working at once, without a restart.
 
 from __future__ import annotations
 
-import hashlib
+import math
 import os
 import pwd
 import re
-import secrets
 import socket
 import struct
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from layerpy.digests import digest, new
 from layerpy.nodes.files import StateFiles
 
 TOKENS = "tokens.json"
@@ -64,10 +66,6 @@ class TokenRecord:
     digest: str  # SHA-256 of the secret, hex
 
 
-def _digest(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()
-
-
 class Tokens:
     """The named tokens of one state directory."""
 
@@ -103,8 +101,8 @@ class Tokens:
         records = self.records()
         if any(record.name == name for record in records):
             raise TokenError(f"a token named {name!r} exists; revoke it first")
-        secret = PREFIX + secrets.token_urlsafe(32)
-        self._save([*records, TokenRecord(name, scope, time.time(), _digest(secret))])
+        secret = new(PREFIX, 32)
+        self._save([*records, TokenRecord(name, scope, time.time(), digest(secret))])
         return secret
 
     def revoke(self, name: str) -> None:
@@ -137,7 +135,57 @@ class Tokens:
             self._by_digest = {record.digest: record for record in self.records()}
             self._seen = seen
         # a look-up by digest reveals nothing of the secret (only of a hash of it)
-        return self._by_digest.get(_digest(secret))
+        return self._by_digest.get(digest(secret))
+
+
+GUESSES = 10  # wrong tokens a source may send at once (typos, a dashboard's stale token)
+GUESS_EVERY = 6.0  # seconds to earn one more: 10 a minute, sustained
+GUESSERS = 4096  # sources remembered; the least recently heard of are forgotten first
+
+
+class Guesses:
+    """Wrong operator tokens per source address, as a token bucket: GUESSES at once, then
+    one every GUESS_EVERY seconds. A source past it has every token refused unread (a
+    right one too: answering it would tell a guesser when it is right) until it has
+    earned a guess again. Memory is bounded (GUESSERS sources, the least recently heard
+    of forgotten first); a source whose bucket is full again is forgotten, as if never
+    heard of, which ends its episode."""
+
+    def __init__(
+        self,
+        burst: int = GUESSES,
+        every: float = GUESS_EVERY,
+        sources: int = GUESSERS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.burst, self.every, self.sources, self.clock = burst, every, sources, clock
+        self._left: OrderedDict[str, tuple[float, float, bool]] = OrderedDict()
+        # source -> (guesses left, when counted, told it is refused in this episode)
+
+    def _refilled(self, source: str, now: float) -> tuple[float, bool]:
+        left, when, told = self._left.get(source, (self.burst, now, False))
+        return min(self.burst, left + (now - when) / self.every), told
+
+    def wait(self, source: str) -> int:
+        """Seconds before `source` may present a token again (0: it may now)."""
+        if source not in self._left:
+            return 0
+        left, _ = self._refilled(source, self.clock())
+        if left >= self.burst:
+            del self._left[source]
+        return 0 if left >= 1 else math.ceil((1 - left) * self.every)
+
+    def wrong(self, source: str) -> bool:
+        """`source` presented a wrong token; True the first time in an episode that this
+        used its last guess (the moment to say so, once)."""
+        now = self.clock()
+        left, told = self._refilled(source, now)
+        self._left.pop(source, None)
+        exhausted = left - 1 < 1
+        self._left[source] = (left - 1, now, told or exhausted)
+        while len(self._left) > self.sources:
+            self._left.popitem(last=False)
+        return exhausted and not told
 
 
 def bearer(header: str | None) -> str | None:

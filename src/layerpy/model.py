@@ -66,7 +66,7 @@ class Boot:
 
     started: float = field(default_factory=time.time)
     phases: dict[Phase, float] = field(default_factory=dict)
-    token: str | None = field(default=None, repr=False)
+    token_digest: str | None = field(default=None, repr=False)  # of its boot token
     boot_id: str | None = None
     firmware: str | None = None
 

@@ -200,7 +200,8 @@ class Server:
         if made is not None:
             log.info("made the first operator token, admin; its secret is in %s (0600)", made)
         app = build_api(self.policy, self.stats, self.reload, self.lifecycle, self.catalog,
-                        tokens, self.consoles, log_requests=server.log_requests)  # fmt: skip
+                        tokens, self.consoles, origins=api.origins,
+                        log_requests=server.log_requests)  # fmt: skip
         runner = await self._serve_app(app)
         socket_path = api.socket_path(server.state_dir)
         await listeners.unix_site(runner, socket_path, api.socket_group)

@@ -147,9 +147,11 @@ FAMILIES = {
             "reason",
             "HTTP connections refused over the connection limit (refused), idle ones "
             "closed to make room for new ones (shed), requests that could not be parsed "
-            "(malformed), and file transfers dropped because their client took nothing "
-            "for send_timeout seconds (stalled).",
-            ("refused", "shed", "malformed", "stalled"),
+            "(malformed), file transfers dropped because their client took nothing for "
+            "send_timeout seconds (stalled), operator tokens refused unread after too many "
+            "wrong ones (guessing), console WebSockets from another site (cross_origin), "
+            "and event streams dropped for falling behind (slow_reader).",
+            ("refused", "shed", "malformed", "stalled", "guessing", "cross_origin", "slow_reader"),
         ),
     ),
     "bmc": Family(

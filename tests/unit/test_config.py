@@ -194,6 +194,14 @@ BROKEN = {
             "127.0.0.1:8081"
         ],
     ),
+    "bad origin": (
+        ("[ipxe]", '[api]\norigins = ["https://ops.example.com/dashboard"]\n\n[ipxe]'),
+        [
+            "nodes.toml:19: api.origins: 'https://ops.example.com/dashboard' is not an "
+            'origin: give scheme, host and port only, like "https://ops.example.com:8443" '
+            "(no path)"
+        ],
+    ),
     "credentials in clear": (
         (
             "[ipxe]",
@@ -519,3 +527,14 @@ def test_without_minos_files_or_a_bundled_minos_the_file_is_refused(write, monke
     assert [(p.key, p.message) for p in raised.value.problems] == [
         ("minos.initrd", "missing: name the kernel and the initrd, or neither")
     ]
+
+
+def test_api_origins_are_kept_as_browsers_send_them(write) -> None:
+    """Lowercase, without the scheme's default port or a trailing slash."""
+    listed = '["HTTPS://Ops.Example.com:443/", "http://10.99.0.1:8081", "https://[::1]:8443"]'
+    config = load(write(VALID.replace("[ipxe]", f"[api]\norigins = {listed}\n\n[ipxe]")))
+    assert config.api.origins == (
+        "https://ops.example.com",
+        "http://10.99.0.1:8081",
+        "https://[::1]:8443",
+    )

@@ -4,12 +4,14 @@ the services drive them."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
 
 import pytest
 
+from layerpy import digests
 from layerpy.config import load
 from layerpy.logs import BURST
 from layerpy.model import Phase, PowerState, RunState
@@ -484,3 +486,51 @@ def test_claims_from_many_made_up_macs_are_a_few_log_lines(make_config, caplog) 
     claims = [r.getMessage() for r in caplog.records if "claims sw1:swp3" in r.getMessage()]
     assert 0 < len(claims) <= BURST, claims
     assert len([e for e in inv.feed.events() if e["kind"] == "conflict"]) == 500
+
+
+def test_boot_tokens_are_kept_as_digests_only(inventory: NodeStore) -> None:
+    """The token is in the script handed to the node, and nowhere the server keeps or shows:
+    not the journal, the node's JSON, its events or its repr."""
+    token = boot_to_ready(inventory)
+    node = inventory.nodes["cn001"]
+    journal = (inventory.config.server.state_dir / "boots.jsonl").read_text()
+    assert token not in journal and digests.digest(token) in journal
+    shown = [repr(node), repr(node.boot), str(node.as_json()), str(inventory.feed.events()),
+             *(str(change.as_json()) for change in inventory.feed.history)]  # fmt: skip
+    assert not [text for text in shown if token in text]
+    with pytest.raises(ReportRejected, match="wrong boot token"):
+        report(inventory, digests.digest(token)[:64])  # the digest is no token
+    again = NodeStore(inventory.config)  # read back from the digests
+    report(again, token)
+    assert again.nodes["cn001"].run_state is RunState.READY
+
+
+def test_a_discovery_token_is_kept_as_a_digest(inventory: NodeStore) -> None:
+    inventory.saw_unknown("52:54:00:aa:00:07", "ipxe", None)
+    token = inventory.discovery_token("52:54:00:aa:00:07")
+    machine = inventory.unknown["52:54:00:aa:00:07"]
+    assert token not in repr(machine) + str(machine.as_json())
+    assert machine.token_digest == digests.digest(token)
+    assert inventory.unknown.check_token("52:54:00:aa:00:07", token) is machine
+    assert inventory.unknown.check_token("52:54:00:aa:00:07", token + "x") is None
+
+
+@pytest.mark.parametrize("old_file", ["boots.jsonl", "boots.json"])
+def test_clear_tokens_of_an_older_release_are_hashed_when_read(make_config, old_file) -> None:
+    """A node booted before the upgrade goes on reporting with its token; the state
+    directory holds its digest only from the first start on."""
+    config = make_config()
+    state = config.server.state_dir
+    state.mkdir(mode=0o700, parents=True, exist_ok=True)
+    old = {"token": "older-clear-token", "boot_id": "b1", "boots": 3}
+    if old_file == "boots.jsonl":
+        (state / old_file).write_text(json.dumps({"node": "cn001"} | old) + "\n")
+    else:
+        (state / old_file).write_text(json.dumps({"cn001": old}))
+    inv = NodeStore(config)
+    kept = (state / "boots.jsonl").read_text()
+    assert "older-clear-token" not in kept and digests.digest("older-clear-token") in kept
+    assert not (state / "boots.json").exists()
+    report(inv, "older-clear-token")
+    assert inv.nodes["cn001"].run_state is RunState.READY and inv.nodes["cn001"].boots == 3
+    assert "older-clear-token" not in (state / "boots.jsonl").read_text()

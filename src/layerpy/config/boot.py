@@ -173,7 +173,7 @@ def ipxe(r: Reader, data: dict[str, Any], server: ServerConfig | None) -> IpxeCo
 def api(r: Reader, data: dict[str, Any]) -> ApiConfig:
     """The operator API's socket and listeners; no token goes over plain HTTP off loopback
     unless the file says so."""
-    keys = {"socket", "socket_group", "listen", "tls_cert", "tls_key", "plain_http"}
+    keys = {"socket", "socket_group", "listen", "tls_cert", "tls_key", "plain_http", "origins"}
     table = r.table(data, "api", keys)
     get = r.getter(table, "api")
     defaults = ApiConfig()
@@ -184,6 +184,7 @@ def api(r: Reader, data: dict[str, Any]) -> ApiConfig:
         tls_cert=get("tls_cert", str, r.path),
         tls_key=get("tls_key", str, r.path),
         plain_http=get("plain_http", bool, default=False),
+        origins=get("origins", list, values.origins, default=()),
     )
     if config.socket_group is not None and not _group_exists(config.socket_group):
         r.problem("api.socket_group", f"no group named {config.socket_group!r} on this machine")

@@ -94,6 +94,7 @@ class ApiConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     plain_http: bool = False  # allow plain HTTP on a non-loopback address
+    origins: tuple[str, ...] = ()  # web origins besides the dashboard's own (consoles)
 
     def socket_path(self, state_dir: Path) -> Path:
         return self.socket or state_dir / "api.sock"

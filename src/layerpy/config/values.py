@@ -14,6 +14,8 @@ from layerpy import hostlist
 from layerpy.proto import agent
 
 _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
+_ORIGIN = re.compile(r"(https?)://([a-z0-9.-]{1,253}|\[[0-9a-f:.]{2,45}\])(?::([0-9]{1,5}))?")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def ipv4(value: str) -> IPv4Address:
@@ -137,6 +139,27 @@ def endpoints(value: list[Any]) -> tuple[tuple[IPv4Address, int], ...]:
     if not all(isinstance(item, str) for item in value):
         raise ValueError('must be a list of strings like "127.0.0.1:8081"')
     return tuple(endpoint(item) for item in value)
+
+
+def origin(value: str) -> str:
+    """A web origin as a browser sends it in ``Origin``: scheme, host and a port only
+    when it is not the scheme's default (``https://ops.example.com:8443``), lowercase."""
+    found = _ORIGIN.fullmatch(value.strip().lower().removesuffix("/"))
+    if found is None:
+        raise ValueError(
+            f"{value[:100]!r} is not an origin: give scheme, host and port only, like "
+            '"https://ops.example.com:8443" (no path)'
+        )
+    scheme, host, number = found.groups()
+    if number is None or int(number) == _DEFAULT_PORTS[scheme]:
+        return f"{scheme}://{host}"
+    return f"{scheme}://{host}:{port(int(number))}"
+
+
+def origins(value: list[Any]) -> tuple[str, ...]:
+    if not all(isinstance(item, str) for item in value):
+        raise ValueError('must be a list of strings like "https://ops.example.com"')
+    return tuple(origin(item) for item in value)
 
 
 def port(value: int) -> int:

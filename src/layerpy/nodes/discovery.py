@@ -6,11 +6,12 @@ Bounded: a flood of made-up MACs evicts the machines seen longest ago, never gro
 
 from __future__ import annotations
 
-import secrets
 from collections import OrderedDict
 from collections.abc import Iterator, ValuesView
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+from layerpy import digests
 
 DISCOVERY = "discover"  # the node name a machine no node claims boots under
 MAX_MACHINES = 4096
@@ -26,10 +27,10 @@ class UnknownMachine:
     vendor_class: str | None = None
     conflict: str | None = None
     claim: str | None = None  # the node its LLDP names, waiting for confirmation
-    token: str | None = field(default=None, repr=False)  # its discovery boot's
+    token_digest: str | None = field(default=None, repr=False)  # of its discovery boot's
 
     def as_json(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "token"}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "token_digest"}
 
 
 class Discovery:
@@ -54,17 +55,17 @@ class Discovery:
         return machine, new
 
     def issue_token(self, mac: str) -> str | None:
+        """A new discovery token for this machine; only its digest is kept."""
         machine = self.machines.get(mac)
         if machine is None:
             return None
-        machine.token = secrets.token_urlsafe(18)
-        return machine.token
+        token = digests.new()
+        machine.token_digest = digests.digest(token)
+        return token
 
     def check_token(self, mac: str, token: str) -> UnknownMachine | None:
         machine = self.machines.get(mac)
-        if machine and machine.token and secrets.compare_digest(machine.token, token):
-            return machine
-        return None
+        return machine if machine and digests.matches(machine.token_digest, token) else None
 
     def forget(self, mac: str) -> None:
         self.machines.pop(mac, None)

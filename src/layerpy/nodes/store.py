@@ -7,14 +7,14 @@ assigns an observed field.
 
 Run state moves unknown -> booting (DHCP from boot firmware) -> init (agent hello) ->
 ready (agent reporting) -> lost (missed reports). Boot tokens are kept in the state
-directory, so a restarted server still recognises the agents of the nodes it booted, and
+directory as digests (the token itself is only in the script handed to the node), so a
+restarted server still recognises the agents of the nodes it booted, and
 takes their next heartbeat for what it is: a node ready since before the restart.
 """
 
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address
 from typing import Any
 
+from layerpy import digests
 from layerpy.config import Config
 from layerpy.journal import Journal
 from layerpy.logs import Throttle
@@ -35,7 +36,7 @@ from layerpy.proto.agent import ContractError, Event, Identity, ProtocolMismatch
 log = logging.getLogger("layerpy.nodes")
 quiet = Throttle(log)  # what the boot network can cause at will: a few lines a minute
 
-TOKENS = "boots.jsonl"  # a Journal: one line per new boot token or boot id
+TOKENS = "boots.jsonl"  # a Journal: one line per new boot token (its digest) or boot id
 OLD_TOKENS = "boots.json"  # before: the whole table, rewritten at every boot; read once
 ALIVE = (RunState.INIT, RunState.READY)
 FATAL_ON_CONSOLE = {"panic"}  # the console problems after which a node cannot go on
@@ -209,10 +210,11 @@ class NodeStore:
         if node.boot is None or Phase.SCRIPT in node.boot.phases:
             self._start_boot(node, None)
         assert node.boot is not None
-        node.boot.token = secrets.token_urlsafe(18)
+        token = digests.new()
+        node.boot.token_digest = digests.digest(token)
         self.mark(node, Phase.SCRIPT)
         self._save_token(node)
-        return node.boot.token
+        return token
 
     def discovery_token(self, mac: str) -> str | None:
         """A token for the discovery boot of an unknown machine (None: not known)."""
@@ -323,9 +325,9 @@ class NodeStore:
         now = self.clock()
         if boot.boot_id and report.boot_id != boot.boot_id:
             log.info("%s: agent reports a new boot id without a network boot", node.name)
-            token = boot.token
+            kept = boot.token_digest
             boot = self._start_boot(node, None)
-            boot.token = token
+            boot.token_digest = kept
         if boot.boot_id is None:
             boot.boot_id = report.boot_id
             self._save_token(node)
@@ -452,9 +454,10 @@ class NodeStore:
     def _hand_over(self, node: Node) -> Ack:
         """Tell an agent to carry on as `node`: a new boot of that node, with its own token."""
         boot = self._start_boot(node, "identity by location")
-        boot.token = secrets.token_urlsafe(18)
+        token = digests.new()
+        boot.token_digest = digests.digest(token)
         self._save_token(node)
-        return Ack(node.name, Identity(node.name, boot.token))
+        return Ack(node.name, Identity(node.name, token))
 
     def _authenticate(self, report: Report) -> Node:
         node = self.nodes.get(report.node)
@@ -470,8 +473,7 @@ class NodeStore:
         return node is not None and self._token_ok(node, token)
 
     def _token_ok(self, node: Node, token: str) -> bool:
-        expected = node.boot.token if node.boot else None
-        return expected is not None and secrets.compare_digest(expected, token)
+        return node.boot is not None and digests.matches(node.boot.token_digest, token)
 
     # -- power, and the engine's own conclusions ------------------------------------------
 
@@ -567,15 +569,17 @@ class NodeStore:
     def _token_record(self, node: Node) -> dict[str, Any]:
         boot = node.boot
         assert boot is not None
-        return {"node": node.name, "token": boot.token, "boot_id": boot.boot_id,
+        return {"node": node.name, "sha256": boot.token_digest, "boot_id": boot.boot_id,
                 "boots": node.boots}  # fmt: skip
 
     def _token_records(self) -> list[dict[str, Any]]:
-        return [self._token_record(n) for n in self.nodes.values() if n.boot and n.boot.token]
+        return [self._token_record(n) for n in self.nodes.values()
+                if n.boot and n.boot.token_digest]  # fmt: skip
 
     def _save_token(self, node: Node) -> None:
-        """Journal the node's boot token and boot id before the answer that depends on them:
-        one line, where rewriting every node's cost a storm of a thousand boots seconds."""
+        """Journal the node's boot token (its digest) and boot id before the answer that
+        depends on them: one line, where rewriting every node's cost a storm of a thousand
+        boots seconds."""
         try:
             self._tokens.append([self._token_record(node)])
             if self._tokens.crowded(len(self.nodes)):
@@ -584,28 +588,36 @@ class NodeStore:
             log.error("cannot save %s: %s", self._tokens.path, error.strerror)
 
     def _load_tokens(self) -> None:
+        """The boots of before a restart. A state directory of an older release kept the
+        tokens themselves (``token``): they are hashed as read, and the journal rewritten
+        at once with digests only, so a node booted before the upgrade goes on reporting."""
         records = self._tokens.replay()
         old = self.files.read(OLD_TOKENS) if not records else {}
         for name, record in old.items():
             records.append({"node": name} | record if isinstance(record, dict) else {})
+        in_clear = False
         for record in records:
             name = record.get("node")
             node = self.nodes.get(name) if isinstance(name, str) else None
+            kept, token, boot_id = record.get("sha256"), record.get("token"), record.get("boot_id")
+            in_clear = in_clear or token is not None
             if node is None:
                 continue
-            token, boot_id = record.get("token"), record.get("boot_id")
+            if not isinstance(kept, str) and isinstance(token, str):
+                kept = digests.digest(token)
             node.boot = Boot(
                 started=self.clock(),
-                token=token if isinstance(token, str) else None,
+                token_digest=kept if isinstance(kept, str) else None,
                 boot_id=boot_id if isinstance(boot_id, str) else None,
             )
             boots = record.get("boots")
             node.boots = boots if isinstance(boots, int) else 0
-            if node.boot.token and node.boot.boot_id:
+            if node.boot.token_digest and node.boot.boot_id:
                 self._resumed.add(node.name)
-        if old:  # into the journal, whole, once
+        if old or in_clear:  # into the journal, whole and hashed, once
             try:
                 self._tokens.rewrite(self._token_records())
-                (self.files.directory / OLD_TOKENS).unlink()
+                if old:
+                    (self.files.directory / OLD_TOKENS).unlink()
             except OSError as error:
-                log.error("cannot move %s to %s: %s", OLD_TOKENS, TOKENS, error.strerror)
+                log.error("cannot rewrite %s with digests only: %s", TOKENS, error.strerror)

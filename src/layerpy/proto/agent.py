@@ -242,7 +242,14 @@ def _mac(value: Any, where: str) -> str:
 
 
 _node_name = _pattern(_NAME, "a node name")
-_token = _pattern(_TOKEN, "a token")
+
+
+def _token(value: Any, where: str) -> str:
+    """A token; never echoed in the error (a mangled one may still hold a real token)."""
+    if not _TOKEN.fullmatch(_kind(value, str, "a string", where)):
+        raise ContractError(f"{where} is not a token ({len(value)} characters, not all of "
+                            "A-Z a-z 0-9 _ = -, or too many)")  # fmt: skip
+    return value
 
 
 def _field(check: Check, default: Any = MISSING) -> Any:

@@ -19,7 +19,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from layerpy import hostlist
-from layerpy.auth import Operator, Scope, Tokens, bearer, socket_peer
+from layerpy.auth import GUESS_EVERY, GUESSES, Guesses, Operator, Scope, Tokens, bearer, socket_peer
 from layerpy.boot import BootPolicy
 from layerpy.catalog import Catalog
 from layerpy.config import ReloadRefused, values
@@ -54,6 +54,7 @@ MISSING_SHOWN = 20  # a 404 names this many missing nodes, then counts the rest
 Reload = Callable[[], Awaitable[dict[str, list[str]]]]
 RELOAD: web.AppKey[Reload] = web.AppKey("reload")
 TOKENS: web.AppKey[Tokens] = web.AppKey("tokens", Tokens)
+WRONG_TOKENS: web.AppKey[Guesses] = web.AppKey("wrong_tokens", Guesses)
 
 
 def build_api(
@@ -65,12 +66,14 @@ def build_api(
     tokens: Tokens,
     consoles: Consoles,
     *,
+    origins: tuple[str, ...] = (),
     log_requests: bool = False,
 ) -> web.Application:
     app = web.Application(middlewares=[profile, authenticate], client_max_size=1024 * 1024)
     share(app, policy, stats, power, catalog, log_requests)
     app[RELOAD] = reload
     app[TOKENS] = tokens
+    app[WRONG_TOKENS] = Guesses()
     app.add_routes(
         [
             web.get("/api/v1/nodes", list_nodes),
@@ -89,7 +92,7 @@ def build_api(
             web.post("/api/v1/bind", bind_node),
         ]
     )
-    add_live_routes(app, consoles)
+    add_live_routes(app, consoles, origins)
     return app
 
 
@@ -120,13 +123,27 @@ def _operator(request: web.Request) -> Operator | None:
     if sock is not None:  # the Unix socket: whoever could open it is an operator
         return Operator(socket_peer(sock), Scope.ADMIN, "unix socket")
     secret = bearer(request.headers.get("Authorization"))
-    record = request.app[TOKENS].check(secret) if secret else None
-    if record is None:
-        if secret:
-            remote = request.remote or "?"
-            quiet.log(remote, logging.WARNING, "%s: refused an unknown operator token", remote)
+    if secret is None:
         return None
-    return Operator(f"token {record.name}", record.scope, request.remote or "?")
+    remote = request.remote or "?"
+    guesses = request.app[WRONG_TOKENS]
+    if wait := guesses.wait(remote):
+        request.app[STATS].count("http", "guessing", ok=False)
+        raise web.HTTPTooManyRequests(
+            text=f"too many wrong operator tokens from {remote}: try again in {wait} s\n",
+            headers={"Retry-After": str(wait)},
+        )
+    record = request.app[TOKENS].check(secret)
+    if record is None:
+        quiet.log("unknown operator token", logging.WARNING,
+                  "%s: refused an unknown operator token", remote)  # fmt: skip
+        if guesses.wrong(remote):
+            quiet.log("operator token guessing", logging.WARNING,
+                      "%s: %d wrong operator tokens: its tokens are refused (429) until "
+                      "it earns a guess back (one each %g s)", remote, GUESSES,
+                      GUESS_EVERY)  # fmt: skip
+        return None
+    return Operator(f"token {record.name}", record.scope, remote)
 
 
 # -- reading --------------------------------------------------------------------------------
