@@ -165,7 +165,17 @@ names_with_brackets = st.lists(
     st.one_of(st.text("abcxyz-._:", min_size=1, max_size=4), brackets), min_size=1, max_size=12
 ).map("".join)
 expressions = st.lists(names_with_brackets, min_size=1, max_size=6).map(",".join)
+at_the_limits = st.one_of(  # each side of every limit, and far past it
+    st.integers(1, 3 * MAX_BRACKETS).map(lambda n: "x" + "[0-1]" * n),
+    st.integers(1, 20_000).map(lambda n: "x" + "[0-1]" * n),
+    st.integers(1, 3 * MAX_DIGITS).map(lambda n: "n[" + "9" * n + "]"),
+    st.integers(4_000, 6_000).map(lambda n: "n[1-" + "9" * n + "]"),
+    st.integers(MAX_TERMS - 3, MAX_TERMS + 3).map(lambda n: "n[" + "1," * (n - 2) + "1]"),
+    st.integers(MAX_LENGTH - 3, MAX_LENGTH + 3).map(lambda n: "n" * n),
+    st.integers(MAX_EXPANSION - 3, MAX_EXPANSION + 3).map(lambda n: f"n[1-{n}]"),
+)
 garbage = st.one_of(
+    at_the_limits,
     st.text(max_size=200),
     st.text("[]-,0123456789 ", max_size=300),
     st.lists(
