@@ -30,6 +30,7 @@ from layerpy.auth import Scope, Tokens
 from layerpy.config import load
 from layerpy.server import Server
 from layerpy.services.api import BODY_LIMIT, POWER_ACTIONS, build_api
+from layerpy.services.turns import PIECE, in_turns, json_answer
 
 from nodefile import BOOT_SECTIONS, big_groups, write_boot_files
 from test_hostlist import FUZZ, expressions, garbage
@@ -264,3 +265,31 @@ def test_no_request_holds_the_event_loop(tmp_path: Path) -> None:
 
     problems = asyncio.run(scenario())
     assert not problems, "\n".join(problems)
+
+
+def test_answers_in_turns_are_the_json_of_the_whole() -> None:
+    """json_answer's pieces join to what json.dumps gives of the whole list or object:
+    empty, within one piece, across many; a HEAD answer has no body."""
+    values = {f"n{i}": {"i": i, "text": "é" * (i % 7)} for i in range(3 * PIECE // 20)}
+
+    async def listed(request: web.Request) -> web.StreamResponse:
+        count = int(request.query["count"])
+        keyed = "keyed" in request.query
+        names = in_turns(list(values)[:count])
+        return await json_answer(request, names, values.__getitem__, keyed=keyed)
+
+    async def scenario() -> None:
+        app = web.Application()
+        app.router.add_get("/", listed)
+        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+            for count in (0, 1, 50, len(values)):
+                chosen = dict(list(values.items())[:count])
+                for keyed, whole in ((False, list(chosen.values())), (True, chosen)):
+                    query = {"count": str(count)} | ({"keyed": ""} if keyed else {})
+                    async with client.get("/", params=query) as response:
+                        assert response.content_type == "application/json"
+                        assert await response.text() == json.dumps(whole), (count, keyed)
+            async with client.head("/", params={"count": "50"}) as response:
+                assert (response.status, await response.read()) == (200, b"")
+
+    asyncio.run(scenario())
