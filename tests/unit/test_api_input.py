@@ -28,8 +28,10 @@ from hypothesis import strategies as st
 from layerpy import hostlist
 from layerpy.auth import Scope, Tokens
 from layerpy.config import load
+from layerpy.nodes.feed import Change
 from layerpy.server import Server
 from layerpy.services.api import BODY_LIMIT, POWER_ACTIONS, build_api
+from layerpy.services.live import SHOWN_EXPANSION, _shown
 from layerpy.services.turns import PIECE, in_turns, json_answer
 
 from nodefile import BOOT_SECTIONS, big_groups, write_boot_files
@@ -293,3 +295,17 @@ def test_answers_in_turns_are_the_json_of_the_whole() -> None:
                 assert (response.status, await response.read()) == (200, b"")
 
     asyncio.run(scenario())
+
+
+def test_a_filtered_stream_expands_an_operators_call_only_when_small() -> None:
+    """An operator's call is matched against a stream's nodes by its hostlist up to
+    SHOWN_EXPANSION names; a larger one is shown without being expanded per stream."""
+
+    def call(nodes: str) -> Change:
+        return Change(1, 0.0, nodes, "event", {"event": "operator"}, "power on")
+
+    wanted = {"cn002"}
+    assert _shown(call("cn[001-004]"), wanted)
+    assert not _shown(call("cn[005-008]"), wanted)
+    assert not _shown(call(f"cn[3-{SHOWN_EXPANSION + 2}]"), wanted)
+    assert _shown(call(f"cn[3-{SHOWN_EXPANSION + 3}]"), wanted)
