@@ -459,7 +459,8 @@ def inventory_main() -> None:
 @operator_api
 @output_option()
 def power(api: Client, action: str, nodes: str, force: bool, output: str) -> None:
-    """Power NODES (a hostlist) on, off, cycle them, clear overrides, or show status.
+    """Power NODES (a hostlist: cn[001-004],login; limits in docs/api.md) on, off, cycle
+    them, clear overrides, or show status.
 
     on and off change the desired state until `clear` or until the node file changes;
     the server then keeps the nodes so (a busy node is not powered off until free, and

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -42,6 +42,7 @@ from layerpy.services.http import (
 )
 from layerpy.services.listeners import peer_of
 from layerpy.services.live import PUBLIC_PATHS, add_live_routes
+from layerpy.services.turns import expand_in_turns, in_turns, json_answer
 from layerpy.stats import Stats
 from layerpy.text import printable
 
@@ -50,6 +51,8 @@ quiet = Throttle(log)  # refusals a caller can cause: a few a minute each
 
 POWER_ACTIONS = ("on", "off", "cycle", "clear", "status")
 MISSING_SHOWN = 20  # a 404 names this many missing nodes, then counts the rest
+CYCLES_AT_ONCE = 256  # power cycles one operator's call has in flight (BMC commands)
+BODY_LIMIT = 128 * 1024  # bytes of a request body (413 beyond): the longest hostlist, twice
 
 Reload = Callable[[], Awaitable[dict[str, list[str]]]]
 RELOAD: web.AppKey[Reload] = web.AppKey("reload")
@@ -69,7 +72,7 @@ def build_api(
     origins: tuple[str, ...] = (),
     log_requests: bool = False,
 ) -> web.Application:
-    app = web.Application(middlewares=[profile, authenticate], client_max_size=1024 * 1024)
+    app = web.Application(middlewares=[profile, authenticate], client_max_size=BODY_LIMIT)
     share(app, policy, stats, power, catalog, log_requests)
     app[RELOAD] = reload
     app[TOKENS] = tokens
@@ -149,12 +152,13 @@ def _operator(request: web.Request) -> Operator | None:
 # -- reading --------------------------------------------------------------------------------
 
 
-async def list_nodes(request: web.Request) -> web.Response:
-    """Every node; ``X-Layerpy-Seq`` is the last change they include, for a stream to go
-    on from (``Last-Event-ID``) without missing one."""
+async def list_nodes(request: web.Request) -> web.StreamResponse:
+    """Every node; ``X-Layerpy-Seq`` is the last change before they were read, for a
+    stream to go on from (``Last-Event-ID``) without missing one."""
     store = request.app[NODES]
     headers = {"X-Layerpy-Seq": str(store.feed.seq)}
-    return web.json_response([node.as_json() for node in store.nodes.values()], headers=headers)
+    nodes = in_turns(list(store.nodes.values()))
+    return await json_answer(request, nodes, lambda node: node.as_json(), headers=headers)
 
 
 async def show_node(request: web.Request) -> web.Response:
@@ -164,19 +168,19 @@ async def show_node(request: web.Request) -> web.Response:
     return web.json_response(node.as_json())
 
 
-async def explain(request: web.Request) -> web.Response:
+async def explain(request: web.Request) -> web.StreamResponse:
     """One node's explain (an object), or a hostlist's (a list, in hostlist order)."""
     expression = request.match_info["name"]
-    names = _expand_nodes(request, expression)
+    names = await _expand_nodes(request, expression)
     power = request.app[POWER]
     if "[" in expression or "," in expression:
-        return web.json_response([power.explain(name) for name in names])
+        return await json_answer(request, _each_node(request, names), power.explain)
     return web.json_response(power.explain(names[0]))
 
 
-async def list_unknown(request: web.Request) -> web.Response:
-    machines = request.app[NODES].unknown.values()
-    return web.json_response([machine.as_json() for machine in machines])
+async def list_unknown(request: web.Request) -> web.StreamResponse:
+    machines = in_turns(list(request.app[NODES].unknown.values()))
+    return await json_answer(request, machines, lambda machine: machine.as_json())
 
 
 async def list_events(request: web.Request) -> web.Response:
@@ -187,9 +191,9 @@ async def show_stats(request: web.Request) -> web.Response:
     return web.json_response(request.app[STATS].as_json())
 
 
-async def plan(request: web.Request) -> web.Response:
-    power = request.app[POWER]
-    return web.json_response([power.plan(name) for name in request.app[NODES].nodes])
+async def plan(request: web.Request) -> web.StreamResponse:
+    names = list(request.app[NODES].nodes)
+    return await json_answer(request, _each_node(request, names), request.app[POWER].plan)
 
 
 async def list_images(request: web.Request) -> web.Response:
@@ -206,7 +210,7 @@ async def metrics(request: web.Request) -> web.Response:
 # -- changing -------------------------------------------------------------------------------
 
 
-async def power_action(request: web.Request) -> web.Response:
+async def power_action(request: web.Request) -> web.StreamResponse:
     """``{"nodes": "cn[001-004]", "action": "on|off|cycle|clear|status"}``; on and off
     override the desired power until cleared or the node file changes. ``cycle`` skips
     busy nodes (as ``off`` waits for them) unless ``"force": true``."""
@@ -218,38 +222,54 @@ async def power_action(request: web.Request) -> web.Response:
         )
     if not isinstance(force, bool):
         raise web.HTTPBadRequest(text="force must be true or false\n")
-    names = _expand_nodes(request, expression)
-    power, nodes = request.app[POWER], request.app[NODES].nodes
+    names = await _expand_nodes(request, expression)
+    power, store = request.app[POWER], request.app[NODES]
     skipped = {}
     if action != "status":
         audit(request, f"power {action}{' (force)' if force else ''} {expression}", expression)
     if action in ("on", "off", "clear"):
-        for name in names:
+        async for name in _each_node(request, names):
             power.override(name, None if action == "clear" else action)
     elif action == "cycle":
-        busy = [] if force else [name for name in names if nodes[name].busy == Busy.BUSY]
+        busy = [] if force else [name for name in names if store.nodes[name].busy == Busy.BUSY]
         skipped = {name: "busy: not cycled (force to cycle it anyway)" for name in busy}
-        await asyncio.gather(*(power.cycle(name) for name in names if name not in skipped))
-    answer = {name: power.status(name) | {"skipped": skipped.get(name)} for name in names}
-    return web.json_response(answer)
+        await _cycle(power, [name for name in names if name not in skipped])
+
+    def answer(name: str) -> dict[str, Any]:
+        return power.status(name) | {"skipped": skipped.get(name)}
+
+    return await json_answer(request, _each_node(request, names), answer, keyed=True)
 
 
-async def image_action(request: web.Request) -> web.Response:
+async def _cycle(power: PowerControl, names: list[str]) -> None:
+    """Cycle `names`, CYCLES_AT_ONCE at a time: one task each, 10 000 of them, started and
+    then ended in one turn of the event loop each time, held it for 70 ms."""
+    waiting = iter(names)
+
+    async def cycler() -> None:
+        for name in waiting:  # shared: each name is taken by one cycler
+            await power.cycle(name)
+            await asyncio.sleep(0)  # a node without a BMC awaits nothing
+
+    await asyncio.gather(*(cycler() for _ in range(min(CYCLES_AT_ONCE, len(names)))))
+
+
+async def image_action(request: web.Request) -> web.StreamResponse:
     """``{"nodes": "cn[001-004]", "image": "b"}`` runs image b on them until the override is
     cleared (``layerpy power clear``) or the node file changes."""
     body = await _json_object(request)
     expression, image = body.get("nodes"), body.get("image")
     if not isinstance(expression, str) or not isinstance(image, str):
         raise web.HTTPBadRequest(text="need nodes (a hostlist) and image (a name)\n")
-    names = _expand_nodes(request, expression)
+    names = await _expand_nodes(request, expression)
     power = request.app[POWER]
     try:
-        for name in names:
-            power.override_image(name, image)
+        async for name in _each_node(request, names):
+            power.override_image(name, image)  # the first refuses an unknown image
     except ValueError as error:
         raise web.HTTPBadRequest(text=f"{printable(error)}\n") from None
     audit(request, f"image {image} on {expression}", expression)
-    return web.json_response({name: power.status(name) for name in names})
+    return await json_answer(request, _each_node(request, names), power.status, keyed=True)
 
 
 async def bind_node(request: web.Request) -> web.Response:
@@ -286,16 +306,26 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def _expand_nodes(request: web.Request, expression: str) -> list[str]:
-    """Node names from a hostlist (sized before it is expanded: 400 when too large or
-    malformed); 404 naming the ones that are not in the file."""
+async def _expand_nodes(request: web.Request, expression: str) -> list[str]:
+    """Node names from a hostlist, made in turns (checked against the limits of
+    docs/api.md before any is made: 400 saying which when one is broken); 404 naming the
+    ones that are not in the file."""
     try:
-        names = hostlist.expand(expression)
+        names = await expand_in_turns(expression)
     except hostlist.HostlistError as error:
         raise web.HTTPBadRequest(text=f"{printable(error)}\n") from None
-    missing = [name for name in names if name not in request.app[NODES].nodes]
+    nodes = request.app[NODES].nodes
+    missing = [name for name in names if name not in nodes]
     if missing:
         shown = ", ".join(printable(name, 64) for name in missing[:MISSING_SHOWN])
         more = f" and {len(missing) - MISSING_SHOWN} more" if len(missing) > MISSING_SHOWN else ""
         raise web.HTTPNotFound(text=f"not in the node file: {shown}{more}\n")
     return names
+
+
+async def _each_node(request: web.Request, names: list[str]) -> AsyncIterator[str]:
+    """`names` in turns, less any node a reload removed meanwhile."""
+    store = request.app[NODES]
+    async for name in in_turns(names):
+        if name in store.nodes:
+            yield name

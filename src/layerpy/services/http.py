@@ -436,13 +436,19 @@ def _node(request: web.Request, refusal: str) -> Identity:
 
 
 async def read_json(request: web.Request) -> Any:
-    """The request's JSON body: 400 (never 500) when it is slow, not JSON, nested too
-    deep, or holds text that is not Unicode (a lone surrogate)."""
+    """The request's JSON body: 413 when it is larger than the app's ``client_max_size``
+    (told by its length before any is read, else as soon as it is read past it); 400
+    (never 500) when it is slow, not JSON, nested too deep, or holds text that is not
+    Unicode (a lone surrogate)."""
+    if (request.content_length or 0) > request.client_max_size:
+        raise _too_large(request)
     try:
         async with asyncio.timeout(BODY_TIMEOUT):
             raw = await request.read()
         body = json.loads(raw)
         json.dumps(body, ensure_ascii=False).encode()  # lone surrogates fail here
+    except web.HTTPRequestEntityTooLarge:
+        raise _too_large(request) from None
     except TimeoutError:
         raise web.HTTPRequestTimeout(text=f"the body took over {BODY_TIMEOUT:g} s\n") from None
     except RecursionError:
@@ -452,3 +458,10 @@ async def read_json(request: web.Request) -> Any:
     except ValueError:
         raise web.HTTPBadRequest(text="the body must be JSON\n") from None
     return body
+
+
+def _too_large(request: web.Request) -> web.HTTPRequestEntityTooLarge:
+    limit = request.client_max_size
+    return web.HTTPRequestEntityTooLarge(
+        limit, request.content_length or 0, text=f"the body is over {limit} bytes, the limit\n"
+    )

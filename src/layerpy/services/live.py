@@ -40,6 +40,7 @@ from layerpy.consoles.capture import SEEN_ON_ATTACH
 from layerpy.logs import Throttle
 from layerpy.nodes.feed import GAP, Change, Subscription
 from layerpy.services.http import NODES, OPERATOR, STATS, audit
+from layerpy.services.turns import expand_in_turns
 from layerpy.text import printable
 
 log = logging.getLogger("layerpy.api")
@@ -54,6 +55,7 @@ ENCODED_KEPT = 4096  # changes kept encoded for the streams, the newest
 TRIM_AFTER = 2.0  # seconds after a dropped stream before the heap is trimmed (once for many)
 TAIL_DEFAULT = 64 * 1024  # bytes of a console log GET .../console answers
 TAIL_LIMIT = 4 * 1024 * 1024
+SHOWN_EXPANSION = 10_000  # names of an operator's call a filtered stream expands (a few ms)
 
 CONSOLES: web.AppKey[Consoles] = web.AppKey("consoles", Consoles)
 ORIGINS: web.AppKey[tuple[str, ...]] = web.AppKey("origins", tuple)
@@ -80,7 +82,7 @@ def add_live_routes(
     app.add_routes(
         [
             web.get("/api/v1/whoami", whoami),
-            web.get("/api/v1/events/stream", event_stream),
+            web.get("/api/v1/events/stream", event_stream, allow_head=False),  # no end, no HEAD
             web.get("/api/v1/nodes/{name}/console", console_log),
             web.get("/api/v1/nodes/{name}/console/attach", console_attach),
             web.get("/", dashboard_file),
@@ -101,7 +103,7 @@ async def whoami(request: web.Request) -> web.Response:
 
 async def event_stream(request: web.Request) -> web.StreamResponse:
     """``GET /api/v1/events/stream[?nodes=HOSTLIST]``, resumable with ``Last-Event-ID``."""
-    wanted = _wanted(request)
+    wanted = await _wanted(request)
     since = _last_event_id(request)
     subscription = request.app[NODES].feed.subscribe(since, STREAM_QUEUE)
     request.app[STREAMS].add(subscription)
@@ -224,12 +226,12 @@ async def _write(response: web.StreamResponse, data: bytes) -> None:
         await response.write(data)
 
 
-def _wanted(request: web.Request) -> set[str] | None:
+async def _wanted(request: web.Request) -> set[str] | None:
     expression = request.query.get("nodes")
     if not expression:
         return None
     try:
-        return set(hostlist.expand(expression))
+        return set(await expand_in_turns(expression))
     except hostlist.HostlistError as error:
         raise web.HTTPBadRequest(text=f"nodes: {printable(error)}\n") from None
 
@@ -245,14 +247,17 @@ def _last_event_id(request: web.Request) -> int | None:
 
 def _shown(item: Change | object, wanted: set[str] | None) -> bool:
     """Whether a stream filtered to `wanted` nodes carries this change: a gap always; an
-    operator's call when it names one of them (as a hostlist)."""
+    operator's call when it names one of them (as a hostlist), or more nodes than are
+    worth expanding for each stream (SHOWN_EXPANSION)."""
     if wanted is None or not isinstance(item, Change):
         return True
     if item.node in wanted:
         return True
     if item.kind == "event" and item.fields.get("event") == "operator" and item.node:
-        with contextlib.suppress(hostlist.HostlistError):
-            return not wanted.isdisjoint(hostlist.expand(item.node))
+        try:
+            return not wanted.isdisjoint(hostlist.expand(item.node, SHOWN_EXPANSION))
+        except hostlist.HostlistError:
+            return True  # validated when the call was made: only too large here
     return False
 
 
