@@ -225,6 +225,25 @@ BROKEN = {
         ('state_dir = "state"', 'state_dir = "state"\nheartbeat = ' + "9" * 5000),
         ["nodes.toml:6: a number of more than 4300 digits (no setting takes one)"],
     ),
+    # found by tests/fuzz: float() of a 401-digit integer raised OverflowError out of load()
+    "a number beyond a float": (
+        ('state_dir = "state"', 'state_dir = "state"\nheartbeat = 1' + "0" * 400),
+        ["nodes.toml:6: server.heartbeat: is too large"],
+    ),
+    "not a number": (
+        ('state_dir = "state"', 'state_dir = "state"\nsend_timeout = nan'),
+        ["nodes.toml:6: server.send_timeout: must be a finite number, not nan"],
+    ),
+    # a lease time DHCP cannot carry failed every reply (OverflowError in to_bytes(4))
+    "lease time beyond 32 bits": (
+        (
+            'pool = "10.99.0.200-10.99.0.250"',
+            'pool = "10.99.0.200-10.99.0.250"\nlease_time = 4294967296',
+        ),
+        [
+            "nodes.toml:12: network.lease_time: 4294967296 is not a lease time in seconds (1 to 4294967295)"
+        ],
+    ),
 }
 
 

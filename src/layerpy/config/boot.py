@@ -102,7 +102,7 @@ def network(r: Reader, data: dict[str, Any]) -> NetworkConfig | None:
         gateway=gateway,
         dns=dns,
         domain=get("domain", str),
-        lease_time=get("lease_time", int, values.positive, default=3600),
+        lease_time=get("lease_time", int, values.lease_time, default=3600),
         pool=pool,
         discover=discover,
     )
