@@ -234,6 +234,20 @@ BROKEN = {
         ('state_dir = "state"', 'state_dir = "state"\nsend_timeout = nan'),
         ["nodes.toml:6: server.send_timeout: must be a finite number, not nan"],
     ),
+    # found by tests/fuzz: Path.is_file() raises OSError for a name too long to look up
+    "ipxe dir name too long": (
+        ('dir = "ipxe"', 'dir = "' + "x" * 300 + '"'),
+        [
+            f"nodes.toml:18: ipxe.bios: {'x' * 300}/undionly.kpxe cannot be looked up (File name too long) (install Debian's ipxe package or set ipxe.dir)",
+            f"nodes.toml:18: ipxe.uefi: {'x' * 300}/snponly.efi cannot be looked up (File name too long) (install Debian's ipxe package or set ipxe.dir)",
+        ],
+    ),
+    "kernel name too long": (
+        ('kernel = "vmlinuz"', 'kernel = "' + "k" * 300 + '"'),
+        [
+            f"nodes.toml:14: minos.kernel: {'k' * 300} cannot be looked up (File name too long) (build the minOS with minos/build.sh)"
+        ],
+    ),
     # a lease time DHCP cannot carry failed every reply (OverflowError in to_bytes(4))
     "lease time beyond 32 bits": (
         (

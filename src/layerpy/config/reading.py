@@ -132,6 +132,15 @@ class Reader:
         return None
 
 
+def missing(path: Path) -> str | None:
+    """Why ``path`` is no file to read: it does not exist, or its name cannot even be
+    looked up (too long, ...: ``is_file`` raises for those); None for a regular file."""
+    try:
+        return None if path.is_file() else "does not exist"
+    except OSError as error:
+        return f"cannot be looked up ({error.strerror})"
+
+
 def line_of_syntax_error(message: str) -> int | None:
     match = re.search(r"at line (\d+)", message)
     return int(match.group(1)) if match else None
