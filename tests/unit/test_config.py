@@ -328,6 +328,17 @@ def test_power_and_bmc(write) -> None:
     assert (cn001.bmc.console, login.bmc.console) == (None, None)
 
 
+def test_password_file_not_utf8(write) -> None:
+    """Found reading what tests/fuzz reaches: UnicodeDecodeError escaped load()."""
+    path = write(POWERED)
+    (path.parent / "bmc.pass").write_bytes(b"\xff\xfes3cret\n")
+    with pytest.raises(ConfigError) as raised:
+        load(path)
+    assert raised.value.render() == (
+        f"{path}:25: groups.compute.bmc.password_file: {path.parent}/bmc.pass is not UTF-8 text"
+    )
+
+
 def test_consoles(write) -> None:
     sol = POWERED.replace('user = "admin"', 'user = "admin", console = "sol"')
     path = write(sol + 'bmc = { driver = "none", console = "/run/lab/{node}.console" }\n')

@@ -123,6 +123,8 @@ class Reader:
                 return path.read_text().strip()
             except OSError as error:
                 self.problem(f"{prefix}.password_file", f"cannot read {path}: {error.strerror}")
+            except UnicodeDecodeError:
+                self.problem(f"{prefix}.password_file", f"{path} is not UTF-8 text")
         if variable is not None:
             if variable not in os.environ:
                 self.problem(
