@@ -339,6 +339,20 @@ def test_password_file_not_utf8(write) -> None:
     )
 
 
+def test_problems_quote_no_control_characters(write) -> None:
+    """Found by tests/fuzz: an image name with a carriage return (or an escape sequence)
+    was quoted raw in the message ``layerpy check`` prints."""
+    path = write(VALID.replace("[nodes.cn003]\n", '[nodes.cn003]\nimage = "\\u001b[2J\\rx"\n'))
+    with pytest.raises(ConfigError) as raised:
+        load(path)
+    rendered = raised.value.render()
+    assert "\x1b" not in rendered and "\r" not in rendered
+    assert rendered == (
+        f"{path}:21: groups.compute.image: cn003: no image named '\\x1b[2J\\rx' (defined: none; "
+        "add an [images.\\x1b[2J\\rx] table)"
+    )
+
+
 def test_consoles(write) -> None:
     sol = POWERED.replace('user = "admin"', 'user = "admin", console = "sol"')
     path = write(sol + 'bmc = { driver = "none", console = "/run/lab/{node}.console" }\n')
