@@ -222,6 +222,16 @@ def test_a_journal_naming_a_client_or_an_address_twice(clock) -> None:
     assert leases.lease_of(B) is None and leases.lease_of(C).address == IP("10.0.0.12")
 
 
+def test_a_client_without_a_mac_declines(clock) -> None:
+    """Found by tests/fuzz: a DHCP client with hlen 0 is client "" (never indexed), and
+    its DECLINE raised KeyError out of decline(): a traceback per datagram."""
+    leases = table(clock)
+    assert leases.offer("", IP("10.0.0.10")) is not None
+    declined = leases.decline("", IP("10.0.0.10"))
+    assert declined is not None and declined.state == DECLINED
+    assert leases.candidate(A) == IP("10.0.0.11")
+
+
 def test_a_huge_pool_costs_nothing_until_used(clock) -> None:
     """A /8 pool: a table that listed its free addresses would hold 16 million of them."""
     leases = table(clock, first="10.0.0.0", last="10.255.255.255")

@@ -162,7 +162,7 @@ class LeaseTable:
         address is someone else's to decline."""
         if self._take(client, address, DECLINED, self.quarantine) is None:
             return None
-        del self._by_client[client]
+        self._by_client.pop(client, None)  # client "" (no MAC) has no entry
         return self._disown(int(address))
 
     def expire(self) -> list[Lease]:
