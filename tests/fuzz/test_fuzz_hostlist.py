@@ -5,7 +5,7 @@ else), and fold() writes names that expand() gives back."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import event, given
+from hypothesis import event, example, given
 from hypothesis import strategies as st
 
 from layerpy.hostlist import MAX_EXPANSION, HostlistError, expand, fold
@@ -37,6 +37,8 @@ expressions = st.one_of(
 )
 @FUZZ
 @given(expressions)
+@example("x" + "[0-1]" * 40_000)  # the issue's own, every run
+@example("cn[" + "9" * 5000 + "]")
 def test_expand_raises_only_hostlist_error(expression: str) -> None:
     try:
         names = expand(expression)
