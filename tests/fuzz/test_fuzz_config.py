@@ -14,6 +14,7 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
+from layerpy.client import socket_of
 from layerpy.config import Config, ConfigError, load
 
 from fuzzing import FUZZ, rarely, text_or_junk
@@ -51,7 +52,7 @@ odd_strings = st.one_of(
         "sw1:swp[1-100000]", "10.99.0.0/0", "0.0.0.0/0", "10.99.0.250-10.99.0.200",
         "10.99.0.1:99999", "../../etc/passwd", "/dev/zero", "{node}", "{x}", "~root/x",
         "ipmi", "redfish", "sol", "proxy", "off", "mac", "LABEL=x", "/dev/sda1", "not-utf8",
-        "x" * 300 + "/y",
+        "x" * 300 + "/y", "~no-such-user-7/x",
     ]),
 )  # fmt: skip
 scalars = st.one_of(
@@ -153,8 +154,11 @@ def site(tmp_path_factory) -> Path:
 
 
 def check_load(site: Path, content: bytes) -> Config | None:
+    """load() gives a Config or a ConfigError; the CLI's lenient reading of the same file
+    (for the API socket of 'layerpy reload') gives a path whatever the file holds."""
     path = site / "nodes.toml"
     path.write_bytes(content)
+    assert isinstance(socket_of(path), Path)
     try:
         config = load(path)
     except ConfigError as error:
