@@ -16,7 +16,7 @@ from fuzzing import FUZZ, rarely
 
 names = st.one_of(
     st.sampled_from(["undionly.kpxe", "/snponly.efi", "sub/file", "../etc/passwd", "link-out",
-                     "loop", "sub", "", ".", "//", "a\0b"]),
+                     "loop", "sub", "", ".", "//", "a\0b", "\udcff.efi", "x" * 5000]),
     st.text(max_size=40),
 )  # fmt: skip
 options = st.dictionaries(
