@@ -241,15 +241,16 @@ def socket_of(config: Path) -> Path:
     """The API socket the node file gives, read leniently: a broken file must still be
     reloadable (and refused by the server, which says why)."""
     try:
-        data = tomllib.loads(config.read_text())
+        data = tomllib.loads(config.read_text(encoding="utf-8"))
         socket_path = data.get("api", {}).get("socket")
         state_dir = data.get("server", {}).get("state_dir", str(DEFAULT_SOCKET.parent))
-    except (OSError, tomllib.TOMLDecodeError, AttributeError):
+        if isinstance(socket_path, str):
+            return config.parent / Path(socket_path).expanduser()
+        return config.parent / Path(str(state_dir)).expanduser() / "api.sock"
+    # ValueError: TOML syntax, not UTF-8, or a number past int()'s digits; RuntimeError:
+    # ~user of no such user
+    except (OSError, ValueError, AttributeError, RuntimeError):
         return DEFAULT_SOCKET
-    base = config.parent
-    if isinstance(socket_path, str):
-        return base / Path(socket_path).expanduser()
-    return base / Path(str(state_dir)).expanduser() / "api.sock"
 
 
 def _token(token_file: Path | None) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from layerpy.cli import event_line, last_lines, node_problems, status_groups, status_line
-from layerpy.client import EventParser, ServerEvent
+from layerpy.client import DEFAULT_SOCKET, EventParser, ServerEvent, socket_of
 from layerpy.terminal import DetachKeys, EscapeFilter, harmless
 
 LAYERPY = Path(sys.executable).parent / "layerpy"
@@ -154,6 +154,23 @@ def test_check_says_its_verdict_as_json(make_config, tmp_path: Path) -> None:
     assert shown.returncode == 2 and verdict["valid"] is False and verdict["problems"]
     missing = layerpy("check", "-o", "json", "-c", str(tmp_path / "none.toml"))
     assert missing.returncode == 2 and "cannot read the file" in missing.stdout
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"\x80 not UTF-8\n",
+        b"[server]\nheartbeat = " + b"9" * 5000 + b"\n",
+        b'[server]\nstate_dir = "~no-such-user-7/state"\n',
+    ],
+    ids=["not UTF-8", "a number of 5000 digits", "an unknown user's home"],
+)
+def test_the_api_socket_is_found_in_any_node_file(tmp_path: Path, content: bytes) -> None:
+    """Found by tests/fuzz: the lenient reading for 'layerpy reload' raised on these
+    (UnicodeDecodeError, ValueError, RuntimeError) instead of falling back."""
+    path = tmp_path / "nodes.toml"
+    path.write_bytes(content)
+    assert socket_of(path) == DEFAULT_SOCKET
 
 
 def test_status_watch_refuses_json() -> None:

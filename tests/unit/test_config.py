@@ -227,6 +227,45 @@ BROKEN = {
         ('ip = "10.99.0.5"', 'ip = "10.99.0.1"'),
         ["nodes.toml:29: nodes.login: login's IP 10.99.0.1 is the server's own address"],
     ),
+    # found by tests/fuzz: tomllib raises a plain ValueError (not TOMLDecodeError) for an
+    # integer over Python's 4300-digit limit, which escaped load()
+    "a number of 5000 digits": (
+        ('state_dir = "state"', 'state_dir = "state"\nheartbeat = ' + "9" * 5000),
+        ["nodes.toml:6: a number of more than 4300 digits (no setting takes one)"],
+    ),
+    # found by tests/fuzz: float() of a 401-digit integer raised OverflowError out of load()
+    "a number beyond a float": (
+        ('state_dir = "state"', 'state_dir = "state"\nheartbeat = 1' + "0" * 400),
+        ["nodes.toml:6: server.heartbeat: is too large"],
+    ),
+    "not a number": (
+        ('state_dir = "state"', 'state_dir = "state"\nsend_timeout = nan'),
+        ["nodes.toml:6: server.send_timeout: must be a finite number, not nan"],
+    ),
+    # found by tests/fuzz: Path.is_file() raises OSError for a name too long to look up
+    "ipxe dir name too long": (
+        ('dir = "ipxe"', 'dir = "' + "x" * 300 + '"'),
+        [
+            f"nodes.toml:18: ipxe.bios: {'x' * 300}/undionly.kpxe cannot be looked up (File name too long) (install Debian's ipxe package or set ipxe.dir)",
+            f"nodes.toml:18: ipxe.uefi: {'x' * 300}/snponly.efi cannot be looked up (File name too long) (install Debian's ipxe package or set ipxe.dir)",
+        ],
+    ),
+    "kernel name too long": (
+        ('kernel = "vmlinuz"', 'kernel = "' + "k" * 300 + '"'),
+        [
+            f"nodes.toml:14: minos.kernel: {'k' * 300} cannot be looked up (File name too long) (build the minOS with minos/build.sh)"
+        ],
+    ),
+    # a lease time DHCP cannot carry failed every reply (OverflowError in to_bytes(4))
+    "lease time beyond 32 bits": (
+        (
+            'pool = "10.99.0.200-10.99.0.250"',
+            'pool = "10.99.0.200-10.99.0.250"\nlease_time = 4294967296',
+        ),
+        [
+            "nodes.toml:12: network.lease_time: 4294967296 is not a lease time in seconds (1 to 4294967295)"
+        ],
+    ),
 }
 
 
@@ -295,6 +334,31 @@ def test_power_and_bmc(write) -> None:
     assert cn001.bmc.password == "s3cret" and "s3cret" not in repr(cn001)
     assert (login.bmc.driver, login.bmc.address) == ("qemu", "/run/lab/login.qmp")
     assert (cn001.bmc.console, login.bmc.console) == (None, None)
+
+
+def test_password_file_not_utf8(write) -> None:
+    """Found reading what tests/fuzz reaches: UnicodeDecodeError escaped load()."""
+    path = write(POWERED)
+    (path.parent / "bmc.pass").write_bytes(b"\xff\xfes3cret\n")
+    with pytest.raises(ConfigError) as raised:
+        load(path)
+    assert raised.value.render() == (
+        f"{path}:25: groups.compute.bmc.password_file: {path.parent}/bmc.pass is not UTF-8 text"
+    )
+
+
+def test_problems_quote_no_control_characters(write) -> None:
+    """Found by tests/fuzz: an image name with a carriage return (or an escape sequence)
+    was quoted raw in the message ``layerpy check`` prints."""
+    path = write(VALID.replace("[nodes.cn003]\n", '[nodes.cn003]\nimage = "\\u001b[2J\\rx"\n'))
+    with pytest.raises(ConfigError) as raised:
+        load(path)
+    rendered = raised.value.render()
+    assert "\x1b" not in rendered and "\r" not in rendered
+    assert rendered == (
+        f"{path}:21: groups.compute.image: cn003: no image named '\\x1b[2J\\rx' (defined: none; "
+        "add an [images.\\x1b[2J\\rx] table)"
+    )
 
 
 def test_consoles(write) -> None:

@@ -203,6 +203,35 @@ def test_malformed_records_are_refused_by_name(clock, record) -> None:
         LeaseTable.from_records(IP("10.0.0.10"), IP("10.0.0.12"), [record], clock=clock)
 
 
+def test_a_journal_naming_a_client_or_an_address_twice(clock) -> None:
+    """Found by tests/fuzz: records that no table writes (a journal edited by hand) left
+    two records naming one client, or a client's index on an address another holds, so
+    lease_of() missed a live lease or answered with another client's. A client keeps the
+    lease that runs longest; an address, its last record."""
+    records = [
+        {"address": "10.0.0.10", "client": A, "state": BOUND, "expires": 2000.0},
+        {"address": "10.0.0.11", "client": A, "state": OFFERED, "expires": 1010.0},
+        {"address": "10.0.0.12", "client": B, "state": BOUND, "expires": 2000.0},
+        {"address": "10.0.0.12", "client": C, "state": BOUND, "expires": 2000.0},
+    ]
+    leases = LeaseTable.from_records(IP("10.0.0.10"), IP("10.0.0.12"), records, clock=clock)
+    assert [(r["address"], r["client"]) for r in leases.records()] == [
+        ("10.0.0.10", A), ("10.0.0.11", ""), ("10.0.0.12", C)
+    ]  # fmt: skip
+    assert leases.lease_of(A).address == IP("10.0.0.10")
+    assert leases.lease_of(B) is None and leases.lease_of(C).address == IP("10.0.0.12")
+
+
+def test_a_client_without_a_mac_declines(clock) -> None:
+    """Found by tests/fuzz: a DHCP client with hlen 0 is client "" (never indexed), and
+    its DECLINE raised KeyError out of decline(): a traceback per datagram."""
+    leases = table(clock)
+    assert leases.offer("", IP("10.0.0.10")) is not None
+    declined = leases.decline("", IP("10.0.0.10"))
+    assert declined is not None and declined.state == DECLINED
+    assert leases.candidate(A) == IP("10.0.0.11")
+
+
 def test_a_huge_pool_costs_nothing_until_used(clock) -> None:
     """A /8 pool: a table that listed its free addresses would hold 16 million of them."""
     leases = table(clock, first="10.0.0.0", last="10.255.255.255")

@@ -449,6 +449,9 @@ def test_an_agent_of_another_protocol_is_shown_on_its_node(inventory: NodeStore)
         ("seq", True, "report.seq must be an integer"),
         ("busy", "yes", "report.busy must be true or false"),
         ("image", {"state": "gone"}, "report.image.state must be one of"),
+        # found by tests/fuzz: a choice that is no string at all was a TypeError (a 500)
+        ("event", None, "report.event must be a string, not NoneType"),
+        ("image", {"state": 7}, "report.image.state must be a string, not int"),
     ],
 )
 def test_report_fields_are_validated(inventory: NodeStore, field, value, reason) -> None:

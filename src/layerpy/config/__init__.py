@@ -10,6 +10,8 @@ values: value converters; boot, images, nodes: the section readers; here: the wh
 
 from __future__ import annotations
 
+import re
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -79,6 +81,12 @@ def parse(text: str, path: Path) -> Config:
     except tomllib.TOMLDecodeError as error:
         line = line_of_syntax_error(str(error))
         raise ConfigError(path, [Problem("", f"TOML syntax error: {error}", line)]) from None
+    except ValueError:  # tomllib lets int()'s limit on digits through as it is
+        limit = sys.get_int_max_str_digits()
+        found = re.search(rf"\d{{{limit + 1},}}", text)
+        line = text.count("\n", 0, found.start()) + 1 if found else None
+        problem = Problem("", f"a number of more than {limit} digits (no setting takes one)", line)
+        raise ConfigError(path, [problem]) from None
     reader = Reader(path, text)
     config = _read(reader, data)
     if reader.problems or config is None:

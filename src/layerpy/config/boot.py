@@ -9,7 +9,7 @@ from typing import Any
 
 from layerpy import bundle
 from layerpy.config import values
-from layerpy.config.reading import Reader
+from layerpy.config.reading import Reader, missing
 from layerpy.config.records import (
     DHCP_MODES,
     IDENTITY_MODES,
@@ -105,7 +105,7 @@ def network(r: Reader, data: dict[str, Any]) -> NetworkConfig | None:
         gateway=gateway,
         dns=dns,
         domain=get("domain", str),
-        lease_time=get("lease_time", int, values.positive, default=3600),
+        lease_time=get("lease_time", int, values.lease_time, default=3600),
         pool=pool,
         discover=discover,
     )
@@ -116,8 +116,8 @@ def minos(r: Reader, data: dict[str, Any]) -> MinosConfig | None:
 
     def built(value: str) -> Path:
         path = r.path(value)
-        if not path.is_file():
-            raise ValueError(f"{path} does not exist (build the minOS with minos/build.sh)")
+        if why := missing(path):
+            raise ValueError(f"{path} {why} (build the minOS with minos/build.sh)")
         return path
 
     table = r.table(data, "minos", {"kernel", "initrd", "cmdline"})
@@ -156,10 +156,10 @@ def ipxe(r: Reader, data: dict[str, Any], server: ServerConfig | None) -> IpxeCo
         named = (("bios", config.bios), ("uefi", config.uefi), ("arm64", config.arm64))
         for key, name in ((key, name) for key, name in named if name is not None):
             path = directory / name
-            if not path.is_file():
+            if why := missing(path):
                 r.problem(
                     f"ipxe.{key}",
-                    f"{path} does not exist (install Debian's ipxe package or set ipxe.dir)",
+                    f"{path} {why} (install Debian's ipxe package or set ipxe.dir)",
                 )
             elif not path.resolve().is_relative_to(directory.resolve()):
                 r.problem(
@@ -197,8 +197,8 @@ def api(r: Reader, data: dict[str, Any]) -> ApiConfig:
     if (config.tls_cert is None) != (config.tls_key is None):
         r.problem("api", "give both tls_cert and tls_key, or neither")
     for key, path in (("tls_cert", config.tls_cert), ("tls_key", config.tls_key)):
-        if path is not None and not path.is_file():
-            r.problem(f"api.{key}", f"{path} does not exist")
+        if path is not None and (why := missing(path)):
+            r.problem(f"api.{key}", f"{path} {why}")
     exposed = [f"{host}:{port}" for host, port in config.listen if not host.is_loopback]
     if exposed and config.tls_cert is None and not config.plain_http:
         r.problem(

@@ -123,6 +123,8 @@ class Reader:
                 return path.read_text().strip()
             except OSError as error:
                 self.problem(f"{prefix}.password_file", f"cannot read {path}: {error.strerror}")
+            except UnicodeDecodeError:
+                self.problem(f"{prefix}.password_file", f"{path} is not UTF-8 text")
         if variable is not None:
             if variable not in os.environ:
                 self.problem(
@@ -130,6 +132,15 @@ class Reader:
                 )
             return os.environ.get(variable)
         return None
+
+
+def missing(path: Path) -> str | None:
+    """Why ``path`` is no file to read: it does not exist, or its name cannot even be
+    looked up (too long, ...: ``is_file`` raises for those); None for a regular file."""
+    try:
+        return None if path.is_file() else "does not exist"
+    except OSError as error:
+        return f"cannot be looked up ({error.strerror})"
 
 
 def line_of_syntax_error(message: str) -> int | None:

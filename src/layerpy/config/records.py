@@ -11,6 +11,7 @@ from typing import Any
 from layerpy.images.source import ImageSource
 from layerpy.power.base import PowerSpec
 from layerpy.proto.agent import HEARTBEAT
+from layerpy.text import printable
 
 # authoritative: addresses and boot information; proxy: boot information only, beside the
 # site's DHCP server (ProxyDHCP, port 67 and 4011); off: no DHCP at all.
@@ -25,6 +26,7 @@ IDENTITY_MODES = ("mac", "location", "location-trusted")
 # (replaced hardware); confirm: it waits for `layerpy bind` (docs/location.md).
 REBIND_MODES = ("auto", "confirm")
 POWER_STATES = ("on", "off")
+RENDERED = 2000  # characters of one problem's line, however long the value it quotes
 
 
 @dataclass(frozen=True)
@@ -43,11 +45,13 @@ class ConfigError(Exception):
         super().__init__(self.render())
 
     def render(self) -> str:
+        """One line per problem, printable: values quoted from the file may hold control
+        characters (escape sequences, carriage returns) that must not reach a terminal."""
         lines = []
         for problem in self.problems:
             where = f"{self.path}:{problem.line}" if problem.line else str(self.path)
             key = f" {problem.key}:" if problem.key else ""
-            lines.append(f"{where}:{key} {problem.message}")
+            lines.append(printable(f"{where}:{key} {problem.message}", RENDERED))
         return "\n".join(lines)
 
 

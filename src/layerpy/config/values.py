@@ -3,6 +3,7 @@ hold, or raises ValueError with a message the user can act on."""
 
 from __future__ import annotations
 
+import math
 import posixpath
 import re
 import socket
@@ -169,14 +170,33 @@ def port(value: int) -> int:
 
 
 def positive(value: float) -> float:
-    if value <= 0:
+    if _finite(value) <= 0:
         raise ValueError(f"{value} must be greater than zero")
     return value
 
 
 def not_negative(value: float) -> float:
-    if value < 0:
+    if _finite(value) < 0:
         raise ValueError(f"{value} must not be negative")
+    return value
+
+
+def _finite(value: float) -> float:
+    """The number as a float, which every setting becomes: nan, inf and integers beyond
+    a float's range (TOML allows all three) are no number of seconds or anything else."""
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValueError("is too large") from None
+    if not math.isfinite(number):
+        raise ValueError(f"must be a finite number, not {value}")
+    return number
+
+
+def lease_time(value: int) -> int:
+    """DHCP carries a lease time in 32 bits (RFC 2132 option 51)."""
+    if not 0 < positive(value) <= 0xFFFFFFFF:
+        raise ValueError(f"{value} is not a lease time in seconds (1 to {0xFFFFFFFF})")
     return value
 
 

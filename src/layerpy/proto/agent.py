@@ -145,11 +145,12 @@ def _optional(check: Check) -> Check:
 
 def _choice(enum: type[StrEnum]) -> Check:
     def check(value: Any, where: str) -> StrEnum:
-        try:
-            return enum(_kind(value, str, "a string", where))
+        text = _kind(value, str, "a string", where)  # outside the try: a ContractError is
+        try:  # a ValueError too, and must not be taken for an unknown choice
+            return enum(text)
         except ValueError:
             known = ", ".join(enum)
-            raise ContractError(f"{where} must be one of {known}, not {value[:40]!r}") from None
+            raise ContractError(f"{where} must be one of {known}, not {text[:40]!r}") from None
 
     return check
 

@@ -170,7 +170,7 @@ class LeaseTable:
         address is someone else's to decline."""
         if self._take(client, address, DECLINED, self.quarantine) is None:
             return None
-        del self._by_client[client]
+        self._by_client.pop(client, None)  # client "" (no MAC) has no entry
         return self._disown(int(address))
 
     def expire(self) -> list[Lease]:
@@ -205,9 +205,24 @@ class LeaseTable:
             if held[1] not in STATES:
                 raise ValueError(f"bad lease record {record!r}: state {held[1]!r}")
             if address in table:
-                table._put(int(address), held)
+                table._restore(int(address), held)
         table._changed.clear()  # as restored: nothing new to write
         return table
+
+    def _restore(self, number: int, held: _Held) -> None:
+        """Put a record back, keeping what the table itself never writes out of it (a
+        journal edited by hand can hold anything): an address's last record wins, and a
+        client named twice keeps the lease that runs longest."""
+        before = self._held.get(number)
+        if before is not None and self._by_client.get(before[0]) == number:
+            del self._by_client[before[0]]
+        other = self._by_client.get(held[0]) if held[0] else None
+        if other is not None and other != number:
+            if self._held[other][2] >= held[2]:
+                held = ("", held[1], held[2])
+            else:
+                self._disown(other)
+        self._put(number, held)
 
     # -- internals ---------------------------------------------------------------------
 
