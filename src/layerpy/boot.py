@@ -80,7 +80,7 @@ class Verdict:
     vendor_class: str | None
     node: Node | None  # the node this machine is, by the port a relay names, else by MAC
     location: tuple[str, str] | None  # (switch, port) from option 82, to bind in apply()
-    boot_request: bool  # a DISCOVER from boot firmware: a boot of a known node starts
+    boot_request: bool  # a DISCOVER from boot firmware: offered, a boot of a known node starts
     grant: Grant | None
     why: str  # whose grant this is, or why there is none (for logs)
     unbootable: bool = False  # boot firmware we have no binary for (logged in apply())
@@ -217,14 +217,16 @@ class BootPolicy:
             nodes.saw_unknown(verdict.mac, verdict.firmware, verdict.vendor_class)
         else:
             nodes.saw_mac(verdict.node, verdict.mac)
-            if verdict.boot_request:
-                nodes.saw_boot_request(verdict.node, verdict.firmware)
         for effect in effects:
             self._apply(verdict, effect)
         self._persist()
 
     def _apply(self, verdict: Verdict, effect: Effect) -> None:
         """One effect of a decision: a boot phase, or a change to the discovery pool."""
+        if effect.action is Action.OFFERED:  # a DISCOVER left unanswered starts no boot
+            if verdict.boot_request and verdict.node is not None:
+                self.nodes.saw_boot_request(verdict.node, verdict.firmware)
+            return
         if effect.action is Action.ACKED:
             if verdict.node is not None and verdict.firmware != "os":
                 self.nodes.mark(verdict.node, Phase.DHCP_ACK)

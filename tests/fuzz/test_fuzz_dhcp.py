@@ -125,4 +125,5 @@ def test_proxy_decisions(
         assert decision.destination == sender and sender[0] == str(request.ciaddr)
         assert IDENTITY.covers(request.ciaddr)
     else:
-        assert request.message_type == dhcp.DISCOVER and not decision.effects
+        offered = [e.action for e in decision.effects]
+        assert request.message_type == dhcp.DISCOVER and offered == [Action.OFFERED]

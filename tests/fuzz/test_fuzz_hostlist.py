@@ -4,7 +4,6 @@ else), and fold() writes names that expand() gives back."""
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 
@@ -29,12 +28,6 @@ expressions = st.one_of(
 )
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known, issue 26 point 4 (another branch adds hostlist limits): ValueError, not "
-    "HostlistError, for a count of names over 4300 digits ('x' + 40 000 '[0-1]', formatted "
-    "into the message) and for a number of over 4300 digits in brackets (int() refuses it)",
-)
 @FUZZ
 @given(expressions)
 @example("x" + "[0-1]" * 40_000)  # the issue's own, every run

@@ -101,13 +101,16 @@ def test_discover_from_a_known_node_gets_its_fixed_address() -> None:
     assert message_type(reply) == dhcp.OFFER and IP(reply.yiaddr) == FIXED.address
     assert dict(reply.opts)[dpkt.dhcp.DHCP_OPT_HOSTNAME] == b"cn001"
     assert decision.destination == BROADCAST and decision.answer == "offer"
-    assert decision.effects == ()  # a fixed address is never held
+    assert decision.effects == (Effect(Action.OFFERED, MAC, FIXED.address, False),)  # never held
 
 
 def test_discover_for_the_pool_holds_the_offer() -> None:
     decision = decided(client(dhcp.DISCOVER), POOLED)
     assert IP(read_back(decision).yiaddr) == POOLED.address
-    assert decision.effects == (Effect(Action.HOLD, MAC, POOLED.address, True),)
+    assert decision.effects == (
+        Effect(Action.OFFERED, MAC, POOLED.address, True),
+        Effect(Action.HOLD, MAC, POOLED.address, True),
+    )
 
 
 def test_discover_from_nobody_we_serve_is_silent() -> None:

@@ -67,6 +67,7 @@ class Grant:
 
 
 class Action(StrEnum):
+    OFFERED = "offered"  # an OFFER went out (boot firmware's: a boot of the node starts)
     HOLD = "hold"  # pool: keep the offered address for this client until its REQUEST
     COMMIT = "commit"  # pool: the client took the address for lease_time seconds
     WITHDRAW = "withdraw"  # pool: the client chose another server; free the held offer
@@ -130,8 +131,10 @@ def decide(request: DhcpPacket, server: ServerIdentity, grant: Grant | None) -> 
 def _discover(request: DhcpPacket, server: ServerIdentity, grant: Grant | None) -> Decision:
     if grant is None:
         return _silent("no address for this client")
-    hold = (_effect(Action.HOLD, request, grant),) if grant.pooled else ()
-    return _reply(request, build_reply(request, grant.offer), f"offer {grant.address}", hold)
+    effects = (_effect(Action.OFFERED, request, grant),)
+    if grant.pooled:
+        effects = (*effects, _effect(Action.HOLD, request, grant))
+    return _reply(request, build_reply(request, grant.offer), f"offer {grant.address}", effects)
 
 
 def _request(request: DhcpPacket, server: ServerIdentity, grant: Grant | None) -> Decision:

@@ -56,7 +56,8 @@ def decide(
     reply = build_reply(request, grant.offer, proxy=True)
     if request.is_ipxe:  # no boot server named: iPXE then asks on 4011, from its address
         reply = replace(reply, siaddr=ANY)
-    return Decision(reply, reply_destination(request, reply), "proxy offer")
+    offered = (Effect(Action.OFFERED, request.mac, grant.address, pooled=False),)
+    return Decision(reply, reply_destination(request, reply), "proxy offer", offered)
 
 
 def _boot_request(
