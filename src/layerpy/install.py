@@ -26,7 +26,10 @@ from layerpy import bundle
 USER = "layerpy"
 PREFIX = Path("/usr/local")
 UNIT_PATH = Path("/etc/systemd/system/layerpy.service")
-FDS_PER_NODE = 4  # at a boot: an HTTP connection or two, a TFTP transfer, a BMC session
+FDS_PER_NODE = 12
+"""Descriptors a node needs in layerpy.budget's plan: consoles get a fifth of the limit at
+two a session, so 10 a node captures every node's console, and boot HTTP's 35 % then holds
+two connections a node (an iPXE fetch, an agent report) and TFTP one transfer."""
 MIN_NOFILE = 65536
 HIDDEN = (Path("/home"), Path("/root"), Path("/run/user"), Path("/tmp"), Path("/var/tmp"))
 """What the unit's ProtectHome= and PrivateTmp= hide from the service."""

@@ -44,7 +44,7 @@ def test_the_unit_installed_is_systemds_file_with_its_placeholders_filled() -> N
         "ExecStartPre=@PROGRAM@ check --quiet": f"ExecStartPre={program} check --quiet",
         "ExecStart=@PROGRAM@ serve": f"ExecStart={program} serve",
         "ExecReload=@PROGRAM@ reload": f"ExecReload={program} reload",
-        "LimitNOFILE=@NOFILE@": "LimitNOFILE=401024",  # 4 per node and 1024
+        "LimitNOFILE=@NOFILE@": "LimitNOFILE=1201024",  # 12 per node and 1024
     }
     assert PLACEHOLDER.findall("\n".join(template)) == ["@PROGRAM@"] * 3 + ["@NOFILE@"]
     assert "LimitNOFILE=65536" in install.unit(program, 10).splitlines()

@@ -114,7 +114,7 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
         )
     if not operator.may(request.method):
         what = f"{request.method} {printable(request.path)}"
-        quiet.log(operator.address, logging.WARNING, "%s from %s may only read: refused %s",
+        quiet.log("read-only scope", logging.WARNING, "%s from %s may only read: refused %s",
                   operator.name, operator.address, what)  # fmt: skip
         raise web.HTTPForbidden(text=f"{operator.name} may only read (scope read)\n")
     request[OPERATOR] = operator
