@@ -14,12 +14,12 @@ import random
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from ipaddress import IPv4Address
 from pathlib import Path
 
 import pytest
+from test_live import wait_for
 
 from layerpy.proto import dhcp
 from layerpy.proto.agent import FILES_PATH, PROTOCOL
@@ -103,13 +103,6 @@ class Served:
 
     def lines(self) -> list[str]:
         return self.log.read_text(errors="replace").splitlines()
-
-
-def wait_for(condition: Callable[[], object], seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"waited {seconds} s for {what}"
-        time.sleep(0.1)
 
 
 @pytest.fixture
