@@ -99,11 +99,14 @@ class Server:
                 log.error("reload refused, the running configuration stays: %s", refused)
                 raise
             config, added, removed, changed = change.config, *change.names()
+            retired = [self.config]  # its last reference, dropped in a worker thread: the
+            # configs of 25 000 changed nodes took 35 ms to free, on the loop in one step
             self.nodes.apply_change(change)
             self.catalog.sync(config)
             if added or removed or changed:  # a console is a node's: else none changed
                 self.consoles.sync(_console_specs(config))
             await self.lifecycle.applied(config, added, removed, changed)
+            await asyncio.to_thread(retired.clear)
             if added or changed:  # else the file made nothing that lives on (compare)
                 _settle_heap()
         log.info(

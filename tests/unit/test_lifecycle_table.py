@@ -83,7 +83,8 @@ def test_a_power_answer_for_a_node_a_reload_removed(make_config) -> None:
 
 def test_a_reload_that_changes_a_node_ends_every_override(make_config) -> None:
     """The overridden node's file did not change, and yet its wish is the file's again
-    (told in turns, apart from the changed nodes'); a reload of the same file keeps it."""
+    (told in turns, as the changed nodes'); a reload of the same file keeps it. A changed
+    node gets its new wish and a new power driver."""
 
     async def scenario() -> None:
         lifecycle = lifecycle_of(make_config(more=CN009))
@@ -97,6 +98,11 @@ def test_a_reload_that_changes_a_node_ends_every_override(make_config) -> None:
         await lifecycle.applied(other, set(), set(), {"cn002"})
         assert lifecycle.overrides == {}
         assert engine.explain("cn009")["cfg"]["power"] == "on"
+        driver = lifecycle.drivers["cn009"]
+        off = make_config(more=CN009.replace("}", '}\npower = "off"'))  # cn009 changed
+        await lifecycle.applied(off, *store.apply(off))
+        assert engine.explain("cn009")["cfg"]["power"] == "off"
+        assert lifecycle.drivers["cn009"] is not driver
 
     asyncio.run(scenario())
 

@@ -233,26 +233,34 @@ class Lifecycle:
         """A reloaded file: overrides end, changed nodes get their new cfg and drivers.
 
         The work is the changed nodes' and the overridden ones', not the file's: the others'
-        wish (their config) is the same. The engine takes the changes in one step; the
-        wishes of nodes whose override ended are told in turns (such a node follows its
-        override a moment longer, as if the reload had come that much later)."""
+        wish (their config) is the same. Removed and added nodes leave and join the engine
+        in one step, as they do the store; the others are told in turns. Half-way, a node
+        not yet told follows its old wish (and BMC) a moment longer, as if the reload had
+        come that much later for it: the store serves its new config meanwhile, and no
+        node is missing from the engine."""
         ended: set[str] = set()
         if added or removed or changed:
             ended = set(self.overrides) - removed
             self.overrides.clear()
+        old_drivers = []
         for name in removed:
             self.assign(name, None)  # a changed node runs its image until told anew
-        old_drivers = []
-        for name in removed | changed:
-            self.engine.remove_node(name)
-            if (driver := self.drivers.pop(name, None)) is not None:
-                old_drivers.append(driver)
-        for name in added | changed:
+            old_drivers += self._remove(name)
+        for name in added:
             self._add(self.store.nodes[name])
-        async for name in in_turns(sorted(added | changed | ended)):
+        async for name in in_turns(added | changed | ended):
+            if name in changed:
+                old_drivers += self._remove(name)
+                self._add(self.store.nodes[name])
             self._wish_changed(name)
         for driver in old_drivers:
             await driver.close()
+
+    def _remove(self, name: str) -> list[PowerDriver]:
+        """The node out of the engine; its power driver, to be closed, if it had one."""
+        self.engine.remove_node(name)
+        driver = self.drivers.pop(name, None)
+        return [] if driver is None else [driver]
 
     # -- reading -----------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from ipaddress import IPv4Address
 from typing import Any
 
 from layerpy import digests
-from layerpy.config import Config
+from layerpy.config import Config, NodeConfig
 from layerpy.journal import Journal
 from layerpy.logs import Throttle
 from layerpy.model import Boot, Busy, ImageState, Node, Phase, PowerState, RunState
@@ -71,6 +71,7 @@ class FileChange:
     added: set[str]
     removed: set[str]
     changed: set[str]
+    moved: set[str]  # the changed nodes whose MAC, address or location changed
 
     def names(self) -> tuple[set[str], set[str], set[str]]:
         """The nodes added, removed and changed."""
@@ -84,7 +85,7 @@ def compare(running: Config, config: Config) -> FileChange:
     about 50 ms). An unchanged node's config in `config` is replaced by the running one:
     its copy is freed at once, nothing new is left for the collector, and the next
     comparison of that node is one of identity."""
-    added, changed = set(), set()
+    added, changed, moved = set(), set(), set()
     nodes = config.nodes
     for name, node in nodes.items():
         before = running.nodes.get(name)
@@ -94,8 +95,15 @@ def compare(running: Config, config: Config) -> FileChange:
             nodes[name] = before
         else:
             changed.add(name)
+            if _identity(before) != _identity(node):
+                moved.add(name)
     removed = set(running.nodes.keys() - nodes.keys())
-    return FileChange(config, added, removed, changed)
+    return FileChange(config, added, removed, changed, moved)
+
+
+def _identity(config: NodeConfig) -> tuple[object, ...]:
+    """What a node's look-ups are made of in its config (a new image or power: none)."""
+    return config.mac, config.ip, config.location
 
 
 class NodeStore:
@@ -126,15 +134,15 @@ class NodeStore:
 
         One step, so nobody sees half a file; its work is the added, removed and changed
         nodes', and, when nodes come or go, one pass that keeps the file's order."""
-        config, (added, removed, changed) = change.config, change.names()
-        for name in removed | changed:
+        config, (added, removed, changed), moved = change.config, change.names(), change.moved
+        for name in removed | moved:
             self.identities.drop(self.nodes[name])  # by what the file in force says
         for name in changed:
             self.nodes[name].config = config.nodes[name]
         if added or removed:
             kept = self.nodes
             self.nodes = {name: kept.get(name) or Node(cfg) for name, cfg in config.nodes.items()}
-        for name in added | changed:
+        for name in added | moved:
             self.identities.add(self.nodes[name])
         self.config = config
         if added or changed:  # a machine that booted unknown may be one of them now
