@@ -9,7 +9,9 @@ reference, which shows what the machine and asyncio's own timer granularity cost
 Per size: the start (reading the file, building the server, planning every node until
 the engine has converged), then 20 s idle measured with a timer every 20 ms: how late it
 fires (lag: p50, p99, max) and how much CPU the loop's thread used while it waited (busy:
-an upper bound for anything that ran in that window, scheduling noise left out).
+an upper bound for anything that ran in that window, scheduling noise left out). Last, a
+reload of the unchanged file (what `POST /api/v1/reload` and SIGHUP do), measured the same
+way: its time, and the worst lag and busy while it ran.
 
 Run: `.venv/bin/python bench/loop_lag.py [--seconds 20]`.
 """
@@ -20,6 +22,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from layerpy.config import load
@@ -55,13 +58,17 @@ async def measure(path: Path, seconds: float) -> dict[str, float]:
         await asyncio.sleep(0.01)
     start = time.perf_counter() - started
     loop = asyncio.get_running_loop()
-    lags, busy = [], []
+    lags: list[float] = []
+    busy: list[float] = []
     until = loop.time() + seconds
-    while loop.time() < until:
-        asked, cpu = loop.time(), time.thread_time()
-        await asyncio.sleep(PROBE)
-        lags.append(loop.time() - asked - PROBE)
-        busy.append(time.thread_time() - cpu)
+    await probe(lags, busy, lambda: loop.time() >= until)
+    started = time.perf_counter()
+    reload = asyncio.create_task(server.reload())
+    reload_lags: list[float] = []
+    reload_busy: list[float] = []
+    await probe(reload_lags, reload_busy, reload.done)
+    await reload
+    reloaded = time.perf_counter() - started
     work.cancel()
     lags.sort()
     busy.sort()
@@ -73,7 +80,21 @@ async def measure(path: Path, seconds: float) -> dict[str, float]:
         "lag_p99": lags[int(n * 0.99)] * 1000,
         "lag_max": lags[-1] * 1000,
         "busy_max": busy[-1] * 1000,
+        "reload_s": reloaded,
+        "reload_lag": max(reload_lags) * 1000,
+        "reload_busy": max(reload_busy) * 1000,
     }
+
+
+async def probe(lags: list[float], busy: list[float], done: Callable[[], bool]) -> None:
+    """A timer every PROBE seconds until `done`: how late each fired, and the CPU the
+    loop's thread used meanwhile."""
+    loop = asyncio.get_running_loop()
+    while not done():
+        asked, cpu = loop.time(), time.thread_time()
+        await asyncio.sleep(PROBE)
+        lags.append(loop.time() - asked - PROBE)
+        busy.append(time.thread_time() - cpu)
 
 
 def main() -> None:
@@ -90,11 +111,13 @@ def main() -> None:
     print(f"idle {args.seconds:g} s, a timer every {PROBE * 1000:g} ms (all times in ms but start)")
     print(
         f"{'nodes':>8} {'start s':>8} {'lag p50':>8} {'lag p99':>8} {'lag max':>8} {'busy max':>9}"
+        f" | {'reload s':>8} {'lag max':>8} {'busy max':>9}"
     )
     for row in rows:
         print(
             f"{row['nodes']:>8} {row['start_s']:>8.2f} {row['lag_p50']:>8.2f} "
             f"{row['lag_p99']:>8.2f} {row['lag_max']:>8.2f} {row['busy_max']:>9.2f}"
+            f" | {row['reload_s']:>8.2f} {row['reload_lag']:>8.2f} {row['reload_busy']:>9.2f}"
         )
     small, big = rows
     print(

@@ -29,6 +29,7 @@ from layerpy.images import ImageStore
 from layerpy.lifecycle import Lifecycle
 from layerpy.model import Phase
 from layerpy.nodes import NodeStore
+from layerpy.nodes.store import FileChange, compare
 from layerpy.notify import notify, reloading
 from layerpy.power.base import PowerSpec
 from layerpy.services import listeners
@@ -66,6 +67,7 @@ class Server:
         self._closers: list[object] = []
         self._runners: list[web.AppRunner] = []
         self._neighbours: set[IPv4Address] = set()  # other DHCP servers seen on the segment
+        self._reloading = asyncio.Lock()
 
     @property
     def config(self) -> Config:
@@ -90,30 +92,43 @@ class Server:
         notify("READY=1", f"STATUS=serving {len(self.config.nodes)} nodes")
 
     async def _reload(self) -> dict[str, list[str]]:
-        try:
-            with collector_paused():
-                config = self._with_overrides(load(self.config.path))
-        except ConfigError as error:
-            problems = error.render().splitlines()
-            log.error("reload refused, the running configuration stays: %s", "; ".join(problems))
-            raise ReloadRefused(problems) from None
-        for section in ("server", "api"):
-            if getattr(config, section) != getattr(self.config, section):
-                problem = f"{config.path}: [{section}] changed; restart layerpy serve to apply it"
-                log.error("reload refused, the running configuration stays: %s", problem)
-                raise ReloadRefused([problem])
-        gc.unfreeze()  # the old file's objects may be garbage now
-        with collector_paused():
-            added, removed, changed = self.nodes.apply(config)
-        self.catalog.sync(config)
-        self.consoles.sync(_console_specs(config))
-        await self.lifecycle.applied(config, added, removed, changed)
-        _settle_heap()
+        async with self._reloading:  # one at a time: each is compared with the one before
+            try:
+                change = await asyncio.to_thread(self._read_again)
+            except ReloadRefused as refused:
+                log.error("reload refused, the running configuration stays: %s", refused)
+                raise
+            config, added, removed, changed = change.config, *change.names()
+            retired = [self.config]  # its last reference, dropped in a worker thread: the
+            # configs of 25 000 changed nodes took 35 ms to free, on the loop in one step
+            self.nodes.apply_change(change)
+            self.catalog.sync(config)
+            if added or removed or changed:  # a console is a node's: else none changed
+                self.consoles.sync(_console_specs(config))
+            await self.lifecycle.applied(config, added, removed, changed)
+            await asyncio.to_thread(retired.clear)
+            if added or changed:  # else the file made nothing that lives on (compare)
+                _settle_heap()
         log.info(
             "reloaded %s: %d nodes, added %s, removed %s, changed %s", config.path,
             len(config.nodes), _names(added), _names(removed), _names(changed),
         )  # fmt: skip
         return {"added": sorted(added), "removed": sorted(removed), "changed": sorted(changed)}
+
+    def _read_again(self) -> FileChange:
+        """The node file read, checked and compared with the running one: most of a
+        reload's work (0.3 s for 25 000 nodes), done in a worker thread while the event
+        loop serves on. Pure: what it refuses changes nothing."""
+        try:
+            with collector_paused():
+                config = self._with_overrides(load(self.config.path))
+        except ConfigError as error:
+            raise ReloadRefused(error.render().splitlines()) from None
+        for section in ("server", "api"):
+            if getattr(config, section) != getattr(self.config, section):
+                problem = f"[{section}] changed; restart layerpy serve to apply it"
+                raise ReloadRefused([f"{config.path}: {problem}"])
+        return compare(self.config, config)
 
     async def start(self) -> None:
         server = self.config.server
@@ -333,7 +348,11 @@ def collector_paused() -> Iterator[None]:
 def _settle_heap() -> None:
     """The node file's objects live as long as the file: out of the collector's way. A
     full collection walks every tracked object, and with 100 000 nodes it held the event
-    loop (and every DHCP answer) for 160 ms; frozen ones are skipped."""
+    loop (and every DHCP answer) for 160 ms; frozen ones are skipped. Nothing is thawed,
+    so this walks only what was made since the last freeze (10 ms after the operator
+    test's requests on 25 000 nodes; thawing too, 70 ms). A node file has no reference
+    cycles: the objects of a reloaded one that go, frozen or not, are freed by their
+    counts, not left to this."""
     gc.collect()
     gc.freeze()
 

@@ -212,8 +212,7 @@ class LoopProbe:
 
 
 def largest_inputs() -> list[tuple[str, str, bytes | None, int]]:
-    """(method, path, body, expected status): the most work a request may ask for. Not a
-    reload: it reads and applies the node file in one step (0.7 s here; docs/api.md)."""
+    """(method, path, body, expected status): the most work a request may ask for."""
 
     def power(nodes: str, action: str = "on") -> bytes:
         return json_text({"nodes": nodes, "action": action})
@@ -240,6 +239,7 @@ def largest_inputs() -> list[tuple[str, str, bytes | None, int]]:
         ("POST", "/api/v1/power", json_text({"nodes": [0] * (BODY_LIMIT // 4)}), 400),
         ("POST", "/api/v1/power", json_text({"nodes": "\u00e9" * (BODY_LIMIT // 13)}), 400),
         ("POST", "/api/v1/power", b" " * BODY_LIMIT + b"{}", 413),
+        ("POST", "/api/v1/reload", None, 200),  # the file unchanged: 25 000 nodes compared
     ]
 
 
@@ -267,6 +267,23 @@ def test_no_request_holds_the_event_loop(tmp_path: Path) -> None:
 
     problems = asyncio.run(scenario())
     assert not problems, "\n".join(problems)
+
+
+def test_reloads_at_once_are_applied_one_after_the_other(tmp_path: Path) -> None:
+    """The file is read in a worker thread; two operators' reloads of a file with a new
+    node (called together) each compare with the file the other applied: one adds it."""
+    path = node_file(tmp_path, 4)
+
+    async def scenario() -> list[dict[str, list[str]]]:
+        async with operator_api(path) as (_, client):
+            path.write_text(path.read_text().replace(big_groups(4), big_groups(5)))
+            calls = [client.post("/api/v1/reload") for _ in range(2)]
+            answers = await asyncio.gather(*calls)
+            assert [a.status for a in answers] == [200, 200], [await a.text() for a in answers]
+            return [await a.json() for a in answers]
+
+    added = sorted(answer["added"] for answer in asyncio.run(scenario()))
+    assert added == [[], ["g0n00005"]]
 
 
 def test_answers_in_turns_are_the_json_of_the_whole() -> None:

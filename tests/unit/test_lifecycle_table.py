@@ -81,6 +81,32 @@ def test_a_power_answer_for_a_node_a_reload_removed(make_config) -> None:
     asyncio.run(scenario())
 
 
+def test_a_reload_that_changes_a_node_ends_every_override(make_config) -> None:
+    """The overridden node's file did not change, and yet its wish is the file's again
+    (told in turns, as the changed nodes'); a reload of the same file keeps it. A changed
+    node gets its new wish and a new power driver."""
+
+    async def scenario() -> None:
+        lifecycle = lifecycle_of(make_config(more=CN009))
+        store, engine = lifecycle.store, lifecycle.engine
+        lifecycle.override("cn009", "off")
+        same = make_config(more=CN009)
+        await lifecycle.applied(same, *store.apply(same))
+        assert engine.explain("cn009")["cfg"]["power"] == "off"
+        other = make_config(client_mac="52:54:00:99:00:22", more=CN009)  # cn002 changed
+        assert store.apply(other) == (set(), set(), {"cn002"})
+        await lifecycle.applied(other, set(), set(), {"cn002"})
+        assert lifecycle.overrides == {}
+        assert engine.explain("cn009")["cfg"]["power"] == "on"
+        driver = lifecycle.drivers["cn009"]
+        off = make_config(more=CN009.replace("}", '}\npower = "off"'))  # cn009 changed
+        await lifecycle.applied(off, *store.apply(off))
+        assert engine.explain("cn009")["cfg"]["power"] == "off"
+        assert lifecycle.drivers["cn009"] is not driver
+
+    asyncio.run(scenario())
+
+
 def lifecycle_of(config) -> Lifecycle:
     store = NodeStore(config)
     return Lifecycle(

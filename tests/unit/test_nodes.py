@@ -4,6 +4,7 @@ the services drive them."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ from layerpy.nodes import GAP, Ack, NodeStore, ReportRejected
 from layerpy.nodes.feed import ChangeFeed
 from layerpy.nodes.files import StateFiles
 from layerpy.proto.agent import PROTOCOL
+from layerpy.server import collector_paused
 
 from clock import Clock
 
@@ -179,6 +181,52 @@ def test_apply_keeps_observed_state(inventory: NodeStore, make_config) -> None:
     assert inventory.by_mac("52:54:00:99:00:12") is None
     assert list(inventory.unknown) == []  # the unknown machine is now known
     report(inventory, token)  # the boot token still holds
+
+
+def look_ups(store: NodeStore) -> dict[str, dict[object, str]]:
+    """The store's indexes by MAC, address and location: key -> node name."""
+    ids = store.identities
+    tables = {"mac": ids._by_mac, "ip": ids._by_ip, "location": ids._by_location}
+    return {kind: {key: node.name for key, node in table.items()} for kind, table in tables.items()}
+
+
+def test_apply_ends_as_a_store_built_from_the_file(inventory: NodeStore, make_config) -> None:
+    """A reload's work is the nodes it adds, removes and changes: after a few of them the
+    look-ups and the nodes' order are a fresh store's; an unchanged node keeps its config
+    object (the copy read again is dropped, compare)."""
+
+    def node(name: str, ip: str, mac: str, port: str) -> str:
+        return f'\n[nodes.{name}]\nip = "{ip}"\nmac = "{mac}"\nlocation = "sw1:{port}"\n'
+
+    switch = '\n[switches.sw1]\nrelay = "10.99.0.254"\n'
+    cn009 = node("cn009", "10.99.0.19", "52:54:00:99:00:77", "swp9")
+    cn010 = node("cn010", "10.99.0.20", "52:54:00:99:00:78", "swp10")
+    moved = node("cn010", "10.99.0.21", "52:54:00:99:00:77", "swp9")  # where cn009 was
+    files = [
+        {"more": switch + cn009 + cn010},  # added
+        {"client_mac": "52:54:00:99:00:22", "more": switch + moved},  # changed, removed
+        {},
+    ]
+    for keys in files:
+        running = dict(inventory.config.nodes)
+        config = make_config(**keys)
+        inventory.apply(config)
+        fresh = NodeStore(config)
+        assert list(inventory.nodes) == list(fresh.nodes)
+        assert look_ups(inventory) == look_ups(fresh)
+        for name, cfg in config.nodes.items():
+            assert inventory.nodes[name].config is cfg
+            assert cfg is running.get(name) or cfg != running.get(name)
+
+
+def test_a_node_file_leaves_no_garbage_for_the_collector(make_config) -> None:
+    """The server never thaws a reloaded file's frozen objects (server._settle_heap): they
+    must go by their reference counts alone, so a node file holds no reference cycle."""
+    extra = LOCATED + '\n[nodes.cn009]\nip = "10.99.0.19"\nbmc = { driver = "none" }\n'
+    gc.collect()
+    with collector_paused():
+        make_config(more=extra)
+        assert gc.collect() == 0
 
 
 LOCATED = '\n[switches.sw1]\nrelay = "10.99.0.254"\n\n[nodes.cn003]\nip = "10.99.0.13"\nlocation = "sw1:swp3"\n'

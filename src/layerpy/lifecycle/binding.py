@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Set
 from typing import TYPE_CHECKING, Any
 
 from layerpy.catalog import Catalog
@@ -25,6 +26,7 @@ from layerpy.nodes import GAP, NodeStore
 from layerpy.power import PowerDriver, PowerError, close_all, make_driver
 from layerpy.power.poller import Poller
 from layerpy.proto.agent import FilesSpec, ImageSpec
+from layerpy.services.turns import in_turns
 
 if TYPE_CHECKING:
     from layerpy.stats import Stats
@@ -226,22 +228,39 @@ class Lifecycle:
             with contextlib.suppress(PowerError):  # recorded on the node by act()
                 await self.act(name, "power_cycle")
 
-    async def applied(self, config: Config, added: set[str], removed: set[str],
-                      changed: set[str]) -> None:  # fmt: skip
-        """A reloaded file: overrides end, changed nodes get their new cfg and drivers."""
+    async def applied(self, config: Config, added: Set[str], removed: Set[str],
+                      changed: Set[str]) -> None:  # fmt: skip
+        """A reloaded file: overrides end, changed nodes get their new cfg and drivers.
+
+        The work is the changed nodes' and the overridden ones', not the file's: the others'
+        wish (their config) is the same. Removed and added nodes leave and join the engine
+        in one step, as they do the store; the others are told in turns. Half-way, a node
+        not yet told follows its old wish (and BMC) a moment longer, as if the reload had
+        come that much later for it: the store serves its new config meanwhile, and no
+        node is missing from the engine."""
+        ended: set[str] = set()
         if added or removed or changed:
+            ended = set(self.overrides) - removed
             self.overrides.clear()
+        old_drivers = []
         for name in removed:
             self.assign(name, None)  # a changed node runs its image until told anew
-        for name in removed | changed:
-            self.engine.remove_node(name)
-            driver = self.drivers.pop(name, None)
-            if driver is not None:
-                await driver.close()
-        for name in added | changed:
+            old_drivers += self._remove(name)
+        for name in added:
             self._add(self.store.nodes[name])
-        for name in config.nodes:
+        async for name in in_turns(added | changed | ended):
+            if name in changed:
+                old_drivers += self._remove(name)
+                self._add(self.store.nodes[name])
             self._wish_changed(name)
+        for driver in old_drivers:
+            await driver.close()
+
+    def _remove(self, name: str) -> list[PowerDriver]:
+        """The node out of the engine; its power driver, to be closed, if it had one."""
+        self.engine.remove_node(name)
+        driver = self.drivers.pop(name, None)
+        return [] if driver is None else [driver]
 
     # -- reading -----------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ remembers; the node store decides when a binding changes.
 from __future__ import annotations
 
 from ipaddress import IPv4Address
+from typing import Any
 
 from layerpy.model import Node
 from layerpy.nodes.files import StateFiles
@@ -32,6 +33,27 @@ class Identities:
         self._by_mac = {mac: n for n in nodes.values() if (mac := self.mac_of(n))}
         self._by_ip = {int(ip): n for n in nodes.values() if (ip := n.config.ip or n.ip)}
         self._by_location = {n.config.location: n for n in nodes.values() if n.config.location}
+
+    def add(self, node: Node) -> None:
+        """A node the file added or changed (its keys win, as a later node's in `index`)."""
+        for table, key in self._keys(node):
+            table[key] = node
+
+    def drop(self, node: Node) -> None:
+        """A node the file removes or changes: out of the look-ups, by its config in force."""
+        for table, key in self._keys(node):
+            if table.get(key) is node:
+                del table[key]
+
+    def _keys(self, node: Node) -> list[tuple[dict[Any, Node], Any]]:
+        """Each look-up table with the node's key in it (where it has one)."""
+        ip = node.config.ip or node.ip
+        keys = [
+            (self._by_mac, self.mac_of(node)),
+            (self._by_ip, int(ip) if ip else None),
+            (self._by_location, node.config.location),
+        ]
+        return [(table, key) for table, key in keys if key]
 
     def mac_of(self, node: Node) -> str | None:
         return self.bindings.get(node.name) or node.config.mac
