@@ -31,21 +31,14 @@ from layerpy.server import Server
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
 
-from nodefile import BOOT_SECTIONS, big_groups, write_boot_files  # noqa: E402
+from nodefile import big_node_file  # noqa: E402
 
 PROBE = 0.02  # seconds between the probe's timers
 
 
 def node_file(directory: Path, nodes: int) -> Path:
     """`nodes` (4 or a multiple of 25 000) in groups of at most 25 000, a few lines each."""
-    write_boot_files(directory)
-    path = directory / "nodes.toml"
-    path.write_text(
-        '[server]\ninterface = "bench0"\naddress = "10.3.255.253"\nstate_dir = "state"\n'
-        'dhcp_probe = 0\n\n[api]\nlisten = []\n\n[network]\nsubnet = "10.2.0.0/15"\n\n'
-        + BOOT_SECTIONS + "\n" + big_groups(nodes)
-    )  # fmt: skip
-    return path
+    return big_node_file(directory, nodes, "bench0")
 
 
 async def measure(path: Path, seconds: float) -> dict[str, float]:

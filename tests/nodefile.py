@@ -54,3 +54,16 @@ def big_groups(nodes: int) -> str:
             f'mac = "{big_mac(first)}-{big_mac(first + size - 1)}"\npower = "on"\n'
         )
     return "\n".join(tables)
+
+
+def big_node_file(directory: Path, nodes: int, interface: str = "test0") -> Path:
+    """A whole node file of `nodes` machines (see big_groups), with its boot files, for a
+    server that is built in-process and never listens on `interface`."""
+    write_boot_files(directory)
+    path = directory / "nodes.toml"
+    path.write_text(
+        f'[server]\ninterface = "{interface}"\naddress = "10.3.255.253"\nstate_dir = "state"\n'
+        'dhcp_probe = 0\n\n[api]\nlisten = []\n\n[network]\nsubnet = "10.2.0.0/15"\n\n'
+        + BOOT_SECTIONS + "\n" + big_groups(nodes)
+    )  # fmt: skip
+    return path

@@ -32,9 +32,10 @@ from layerpy.nodes.feed import Change
 from layerpy.server import Server
 from layerpy.services.api import BODY_LIMIT, POWER_ACTIONS, build_api
 from layerpy.services.live import SHOWN_EXPANSION, _shown
-from layerpy.services.turns import PIECE, in_turns, json_answer
+from layerpy.services.pieces import PIECE, json_answer
+from layerpy.turns import in_turns
 
-from nodefile import BOOT_SECTIONS, big_groups, write_boot_files
+from nodefile import big_groups, big_node_file
 from test_hostlist import FUZZ, expressions, garbage
 
 LARGE = 25_000  # nodes in the node file of the loop-lag test (one group: g0n[00001-25000])
@@ -43,17 +44,6 @@ HELD = 0.05  # seconds no request may hold the event loop for (issue 26)
 PROBE = 0.005  # seconds between the probe's timers
 T = TypeVar("T")
 Run = Callable[[str, str, bytes | None], int]  # method, path, body: the status
-
-
-def node_file(directory: Path, nodes: int) -> Path:
-    write_boot_files(directory)
-    path = directory / "nodes.toml"
-    path.write_text(
-        '[server]\ninterface = "test0"\naddress = "10.3.255.253"\nstate_dir = "state"\n'
-        'dhcp_probe = 0\n\n[api]\nlisten = []\n\n[network]\nsubnet = "10.2.0.0/15"\n\n'
-        + BOOT_SECTIONS + "\n" + big_groups(nodes)
-    )  # fmt: skip
-    return path
 
 
 @contextlib.asynccontextmanager
@@ -152,7 +142,7 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[web.Appli
     def run(work: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(work, loop).result(timeout=120)
 
-    served = operator_api(node_file(tmp_path_factory.mktemp("fuzz"), 4))
+    served = operator_api(big_node_file(tmp_path_factory.mktemp("fuzz"), 4))
     app, client = run(served.__aenter__())
     try:
         yield app, lambda method, path, body: run(answer(client, method, path, body))
@@ -244,7 +234,7 @@ def largest_inputs() -> list[tuple[str, str, bytes | None, int]]:
 
 
 def test_no_request_holds_the_event_loop(tmp_path: Path) -> None:
-    path = node_file(tmp_path, LARGE)
+    path = big_node_file(tmp_path, LARGE)
 
     async def scenario() -> list[str]:
         probe, problems = LoopProbe(), []
@@ -272,7 +262,7 @@ def test_no_request_holds_the_event_loop(tmp_path: Path) -> None:
 def test_reloads_at_once_are_applied_one_after_the_other(tmp_path: Path) -> None:
     """The file is read in a worker thread; two operators' reloads of a file with a new
     node (called together) each compare with the file the other applied: one adds it."""
-    path = node_file(tmp_path, 4)
+    path = big_node_file(tmp_path, 4)
 
     async def scenario() -> list[dict[str, list[str]]]:
         async with operator_api(path) as (_, client):

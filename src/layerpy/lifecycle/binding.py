@@ -26,7 +26,7 @@ from layerpy.nodes import GAP, NodeStore
 from layerpy.power import PowerDriver, PowerError, close_all, make_driver
 from layerpy.power.poller import Poller
 from layerpy.proto.agent import FilesSpec, ImageSpec
-from layerpy.services.turns import in_turns
+from layerpy.turns import in_turns
 
 if TYPE_CHECKING:
     from layerpy.stats import Stats

@@ -42,9 +42,10 @@ from layerpy.services.http import (
 )
 from layerpy.services.listeners import peer_of
 from layerpy.services.live import PUBLIC_PATHS, add_live_routes
-from layerpy.services.turns import expand_in_turns, in_turns, json_answer
+from layerpy.services.pieces import json_answer
 from layerpy.stats import Stats
 from layerpy.text import printable
+from layerpy.turns import expand_in_turns, in_turns
 
 log = logging.getLogger("layerpy.api")
 quiet = Throttle(log)  # refusals a caller can cause: a few a minute each

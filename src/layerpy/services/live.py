@@ -40,8 +40,8 @@ from layerpy.consoles.capture import SEEN_ON_ATTACH
 from layerpy.logs import Throttle
 from layerpy.nodes.feed import GAP, Change, Subscription
 from layerpy.services.http import NODES, OPERATOR, STATS, audit
-from layerpy.services.turns import expand_in_turns
 from layerpy.text import printable
+from layerpy.turns import expand_in_turns
 
 log = logging.getLogger("layerpy.api")
 quiet = Throttle(log)

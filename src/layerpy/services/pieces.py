@@ -1,43 +1,17 @@
-"""Work on many nodes in turns, so that no operator request holds the event loop.
-
-An operator may name 100 000 nodes in one call, and every DHCP answer, TFTP block and
-other request waits for whatever holds the loop. A handler walks such a list with
-`in_turns`, which lets the loop run whenever TURN seconds of the handler's work have
-passed; answers are encoded item by item on the way (`json_answer`), never in one piece.
-"""
+"""Long JSON answers encoded as their items come and sent a piece at a time, so that
+neither the encoding nor a copy of the whole answer holds the event loop (see
+layerpy.turns for the items themselves)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterable, Callable
 from typing import Any, TypeVar
 
 from aiohttp import web
 
-from layerpy import hostlist
-
-TURN = 0.005  # seconds of work between two turns of the event loop
 PIECE = 256 * 1024  # characters of an answer encoded at a time
 T = TypeVar("T")
-
-
-async def in_turns(items: Iterable[T]) -> AsyncIterator[T]:
-    """`items`, letting the event loop run whenever the work on them (the caller's, between
-    two items) has taken TURN seconds."""
-    loop = asyncio.get_running_loop()
-    until = loop.time() + TURN
-    for item in items:
-        yield item
-        if loop.time() >= until:
-            await asyncio.sleep(0)
-            until = loop.time() + TURN
-
-
-async def expand_in_turns(expression: str) -> list[str]:
-    """A hostlist's names, made in turns (HostlistError, with the limit it broke, before
-    any is made)."""
-    return [name async for name in in_turns(hostlist.names(expression))]
 
 
 async def json_answer(
