@@ -315,6 +315,8 @@ def test_a_flood_of_forged_dhcp_is_a_few_lines(serve, proxy: bool) -> None:
     host = serve(SWITCH + CN003, proxy=proxy)
     ports = (67, 4011) if proxy else (67,)
     lines = flooded(host, forged_dhcp(random.Random(26), ports), lambda: dhcp_taken(host))
+    print(f"\n{FLOOD} forged DHCP datagrams ({'proxy' if proxy else 'authoritative'}): "
+          f"{len(lines)} log lines")  # fmt: skip
     assert len(lines) < LOG_BOUND, "\n".join(lines[-80:])
     assert host.metric("layerpy_log_suppressed_total", subsystem="dhcp") > 0
     assert host.metric("layerpy_dhcp_outcomes_total", outcome="untrusted-relay") > 0
@@ -325,5 +327,6 @@ def test_a_flood_of_forged_tftp_is_a_few_lines(serve) -> None:
     host = serve()
     taken = lambda: host.metric("layerpy_tftp_rejected_total")  # noqa: E731
     lines = flooded(host, forged_tftp(random.Random(26)), taken)
+    print(f"\n{FLOOD} forged TFTP datagrams: {len(lines)} log lines")
     assert len(lines) < LOG_BOUND, "\n".join(lines[-80:])
     assert host.metric("layerpy_log_suppressed_total", subsystem="tftp") > 0
