@@ -399,7 +399,9 @@ def test_the_bmc_frees_the_payload_of_a_vanished_client(tmp_path: Path) -> None:
         rig.serial.wait_let_go()
         freed_after = time.monotonic() - killed_at
         print(f"\npayload of a killed client freed after {freed_after:.1f} s")
-        assert 3 <= freed_after < 5
+        # silence counts from the client's last packet, which the BMC heard just before
+        # the kill: freed_after was once 2.998 s on a busy machine
+        assert 2.5 <= freed_after < 5
         rig.wait_log(r"sol: released: the session was silent for 3 s")
         ipmitool = Ipmitool(rig.lab)
         ipmitool.wait_for(b"[SOL Session operational")
