@@ -8,7 +8,7 @@ and publishes each change once on the feed.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from layerpy.model import Phase
@@ -68,7 +68,7 @@ class Bind:
 
     node: str
     mac: str
-    binding: dict[str, Any] = field(hash=False)
+    binding: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)

@@ -153,9 +153,11 @@ class NodeStore:
 
     # -- the one writer ------------------------------------------------------------------
 
-    def apply(self, effects: Config | Iterable[Effect]) -> Any:
+    def apply(
+        self, effects: Config | Iterable[Effect]
+    ) -> tuple[set[str], set[str], set[str]] | None:
         """Carry out effects, in order: the only code that assigns node fields. (Given a
-        node file, as before effects existed: ``apply_config``.)"""
+        node file, as callers did before effects existed: ``apply_config``.)"""
         if isinstance(effects, Config):
             return self.apply_config(effects)
         for effect in effects:
@@ -190,7 +192,9 @@ class NodeStore:
             self._observe(node, {"run_state": RunState.BOOTING}, f"boot {node.boots} ({how})")
         elif isinstance(effect, Resume):  # read back at start: published quietly, not news
             resumed = bool(effect.digest and effect.boot_id)
-            boot = Boot(self.clock(), {}, effect.digest, effect.boot_id, resumed=resumed)
+            boot = Boot(
+                self.clock(), token_digest=effect.digest, boot_id=effect.boot_id, resumed=resumed
+            )
             self._observe(node, {"boot": boot, "boots": effect.boots}, "restarted", quiet=True)
         elif isinstance(effect, Token):
             assert node.boot is not None
