@@ -7,11 +7,33 @@ and publishes each change once on the feed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from layerpy.model import Phase
+from layerpy.config import Config
+from layerpy.model import Node, Phase
+from layerpy.nodes.discovery import Discovery
+
+Location = tuple[str, str]  # (switch, port)
+
+
+class Store(Protocol):
+    """What the policies read of the node store (``NodeStore``); they write nothing."""
+
+    config: Config
+    nodes: dict[str, Node]
+    unknown: Discovery
+    clock: Callable[[], float]
+
+    @property
+    def lost_limit(self) -> float: ...
+
+    def at(self, location: Location) -> Node | None: ...
+
+    def by_mac(self, mac: str) -> Node | None: ...
+
+    def mac_of(self, node: Node) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,18 +8,13 @@ below decide who a machine is and return effects, which the store applies.
 from __future__ import annotations
 
 from ipaddress import IPv4Address
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from layerpy.model import Node, RunState
-from layerpy.nodes.effects import Bind, Effect, Event, Machine, Observe
+from layerpy.nodes.effects import Bind, Effect, Event, Location, Machine, Observe, Store
 from layerpy.proto.agent import Report
 
-if TYPE_CHECKING:
-    from layerpy.nodes.store import NodeStore
-
 ALIVE = (RunState.INIT, RunState.READY)
-
-Location = tuple[str, str]  # (switch, port)
 
 
 class Identities:
@@ -96,17 +91,17 @@ class Identities:
 # -- the rules -------------------------------------------------------------------------
 
 
-def alive(store: NodeStore, node: Node) -> bool:
+def alive(store: Store, node: Node) -> bool:
     """Its own machine (the one bound to it) is reporting."""
     return node.run_state in ALIVE and node.mac == store.mac_of(node)
 
 
-def held_by_another(store: NodeStore, node: Node, mac: str) -> bool:
+def held_by_another(store: Store, node: Node, mac: str) -> bool:
     current = store.mac_of(node)
     return current not in (None, mac) and alive(store, node)
 
 
-def awaits_bind(store: NodeStore, node: Node, mac: str) -> bool:
+def awaits_bind(store: Store, node: Node, mac: str) -> bool:
     """Under rebind = "confirm", a new machine where the node has one already is not the
     node until ``layerpy bind`` says so (a node without any machine yet is bound by its
     location, as under "auto")."""
@@ -114,7 +109,7 @@ def awaits_bind(store: NodeStore, node: Node, mac: str) -> bool:
     return store.config.server.rebind == "confirm" and current not in (None, mac)
 
 
-def who_is(store: NodeStore, mac: str, location: Location) -> Node | None:
+def who_is(store: Store, mac: str, location: Location) -> Node | None:
     """The node ``locate`` will say this MAC is at this port, without binding."""
     node = store.at(location)
     if node is None or held_by_another(store, node, mac) or awaits_bind(store, node, mac):
@@ -123,7 +118,7 @@ def who_is(store: NodeStore, mac: str, location: Location) -> Node | None:
 
 
 def locate(
-    store: NodeStore, mac: str, location: Location, source: str, chassis: str | None = None
+    store: Store, mac: str, location: Location, source: str, chassis: str | None = None
 ) -> tuple[Node | None, list[Effect]]:
     """A machine seen at a switch port: the node it is, by where it is plugged in.
 
@@ -164,7 +159,7 @@ def locate(
     return node, [*effects, Observe(node.name, {"location": evidence})]
 
 
-def rebind_pending(store: NodeStore, node: Node, mac: str, where: str, source: str) -> list[Effect]:
+def rebind_pending(store: Store, node: Node, mac: str, where: str, source: str) -> list[Effect]:
     """New hardware at a node's location under rebind = "confirm": shown on the node
     (explain), as an event, and on the machine (``/api/v1/unknown``), once per MAC."""
     if node.rebind_pending is not None and node.rebind_pending["mac"] == mac:
@@ -181,9 +176,7 @@ def rebind_pending(store: NodeStore, node: Node, mac: str, where: str, source: s
     ]
 
 
-def bind(
-    store: NodeStore, node: Node, mac: str, source: str, where: str | None = None
-) -> list[Effect]:
+def bind(store: Store, node: Node, mac: str, source: str, where: str | None = None) -> list[Effect]:
     """``mac`` is ``node`` from now on; one event says why: the switch port it was seen at
     (``where``) by ``source``, or who said so."""
     current = store.mac_of(node)
@@ -204,7 +197,7 @@ def bind(
     return [*effects, Bind(node.name, mac, binding)]
 
 
-def lldp_node(store: NodeStore, report: Report) -> tuple[Node | None, list[Effect]]:
+def lldp_node(store: Store, report: Report) -> tuple[Node | None, list[Effect]]:
     """The node at the port the agent's LLDP neighbour names, bound to the reporting MAC
     where the identity policy lets an agent's word count; otherwise None, and a claim that
     can bind no one yet is shown for an operator to confirm (``layerpy bind``)."""
@@ -223,7 +216,7 @@ def lldp_node(store: NodeStore, report: Report) -> tuple[Node | None, list[Effec
     return None, claimed(store, node, report.mac, location)
 
 
-def claimed(store: NodeStore, node: Node, mac: str, location: Location) -> list[Effect]:
+def claimed(store: Store, node: Node, mac: str, location: Location) -> list[Effect]:
     """An LLDP claim the policy does not take on the agent's word alone."""
     where = f"{location[0]}:{location[1]}"
     message = (

@@ -7,17 +7,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from ipaddress import IPv4Address
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from layerpy.model import Busy, ImageState, Node, Phase, RunState
 from layerpy.nodes import identity, tokens
 from layerpy.nodes.discovery import DISCOVERY
-from layerpy.nodes.effects import Effect, Event, Machine, Mark, NewBoot, Observe, Token
+from layerpy.nodes.effects import Effect, Event, Machine, Mark, NewBoot, Observe, Store, Token
 from layerpy.proto.agent import ContractError, Identity, ProtocolMismatch, Report
 from layerpy.proto.agent import Event as AgentEvent
-
-if TYPE_CHECKING:
-    from layerpy.nodes.store import NodeStore
 
 log = logging.getLogger("layerpy.nodes")
 
@@ -44,7 +41,7 @@ class Ack:
 Outcome = tuple[list[Effect], Ack | ReportRejected]
 
 
-def admit(store: NodeStore, payload: Any) -> Outcome:
+def admit(store: Store, payload: Any) -> Outcome:
     """An agent report (parsed JSON): what it changes, and the answer or why it is refused
     (a refused report may still change something: a wrong protocol is shown on its node)."""
     try:
@@ -69,7 +66,7 @@ def admit(store: NodeStore, payload: Any) -> Outcome:
     return [*effects, *_accepted(store, node, report)], Ack(node.name)
 
 
-def _accepted(store: NodeStore, node: Node, report: Report) -> list[Effect]:
+def _accepted(store: Store, node: Node, report: Report) -> list[Effect]:
     """A report of the node's own agent: its boot, its facts, its run state."""
     boot = node.boot
     assert boot is not None  # it holds the boot's token
@@ -146,7 +143,7 @@ def facts(node: Node, report: Report, now: float) -> list[Effect]:
     ]
 
 
-def wrong_protocol(store: NodeStore, mismatch: ProtocolMismatch) -> list[Effect]:
+def wrong_protocol(store: Store, mismatch: ProtocolMismatch) -> list[Effect]:
     """An agent of another release: shown on its node, if it holds that node's token."""
     node = store.nodes.get(mismatch.node or "")
     if node is None or mismatch.token is None or not tokens.holds(node, mismatch.token):
@@ -156,7 +153,7 @@ def wrong_protocol(store: NodeStore, mismatch: ProtocolMismatch) -> list[Effect]
     return [Observe(node.name, {"problem": str(mismatch)})]
 
 
-def _discovery(store: NodeStore, report: Report) -> Outcome:
+def _discovery(store: Store, report: Report) -> Outcome:
     """A machine booted from the pool: once its LLDP neighbour names a node's port, it
     becomes that node (its agent switches identity and address without a reboot)."""
     if store.unknown.check_token(report.mac, report.token) is None:
