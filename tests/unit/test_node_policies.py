@@ -98,19 +98,21 @@ def test_reports_are_admitted_as_effects(make_config) -> None:
 
 def test_heartbeats_wake_no_subscriber_and_stay_out_of_the_history(make_config) -> None:
     """10 000 heartbeats: the engine's and the event stream's subscriptions get nothing,
-    the history keeps its real changes; a subscriber asking for quiet changes gets them."""
+    the history keeps its real changes and their numbers; a subscriber asking for quiet
+    changes gets them."""
     clock = Clock()
     store = NodeStore(make_config(), clock=clock, feed=ChangeFeed(clock, history=100))
     node = store.nodes["cn001"]
     token = store.issue_token(node)
     store.report(HEARTBEAT | {"token": token, "event": "hello"})
     store.report(HEARTBEAT | {"token": token})
-    real = list(store.feed.history)
+    real, seq = list(store.feed.history), store.feed.seq
     engine, heartbeats = store.feed.subscribe(), store.feed.subscribe(quiet=True)
     for _ in range(10_000):
         clock.now += 1
         store.report(HEARTBEAT | {"token": token})
     assert engine.pending() == [] and list(store.feed.history) == real
+    assert store.feed.seq == seq  # the next real change follows the last one (resuming)
     quiet = heartbeats.pending()
     assert len(quiet) == 10_000 and all(c.quiet and "last_report" in c.fields for c in quiet)
     assert node.last_report == clock.now and node.run_state is RunState.READY

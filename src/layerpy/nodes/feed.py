@@ -7,10 +7,10 @@ one that falls behind is told so (``Gap``) once and should re-read the state it 
 History is kept (bounded) so a subscriber can resume after a sequence number.
 
 A *quiet* change is a heartbeat's (when a node last reported, its agent's uptime): it goes
-only to the subscribers that ask for quiet changes, and never into the history. A
-heartbeat of every node wakes neither the engine nor the event stream, and cannot push
-the real changes out of the history (a client resuming after a number older than the
-history is told of a gap, as before: quiet numbers in between make no difference).
+only to the subscribers that ask for quiet changes, never into the history, and takes no
+number of its own (it carries the last real change's). A heartbeat of every node wakes
+neither the engine nor the event stream, cannot push real changes out of the history, and
+leaves the real changes' numbers consecutive, as resuming clients expect.
 """
 
 from __future__ import annotations
@@ -115,7 +115,8 @@ class ChangeFeed:
         message: str = "",
         quiet: bool = False,
     ) -> Change:
-        self.seq += 1
+        if not quiet:  # a quiet change takes no number: real ones stay consecutive
+            self.seq += 1
         change = Change(self.seq, self.clock(), node, kind, dict(fields or {}), message, quiet)
         if not quiet:
             self.history.append(change)
