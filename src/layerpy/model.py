@@ -62,20 +62,15 @@ class Phase(StrEnum):
 
 @dataclass
 class Boot:
-    """One boot of a node: when each phase was first seen (wall clock seconds)."""
+    """One boot of a node: when each phase was first seen (wall clock seconds). Only the
+    node store writes it (``NodeStore.apply``)."""
 
     started: float = field(default_factory=time.time)
     phases: dict[Phase, float] = field(default_factory=dict)
     token_digest: str | None = field(default=None, repr=False)  # of its boot token
     boot_id: str | None = None
     firmware: str | None = None
-
-    def mark(self, phase: Phase, when: float) -> bool:
-        """Record a phase once; True the first time."""
-        if phase in self.phases:
-            return False
-        self.phases[phase] = when
-        return True
+    resumed: bool = False  # read back after a restart: its agent was reporting before
 
     def timeline(self) -> dict[str, float]:
         """Seconds since the start of the boot for every phase seen so far."""
@@ -86,7 +81,7 @@ class Boot:
 @dataclass
 class Node:
     """What the file wants of a node (``config``) beside what was observed of it. Only the
-    node store (``layerpy.nodes``) assigns the observed fields."""
+    node store's ``apply`` (``layerpy.nodes.store``) assigns the observed fields."""
 
     config: NodeConfig
     power: PowerState = PowerState.UNKNOWN

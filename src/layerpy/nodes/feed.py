@@ -5,6 +5,12 @@ the catalog when an image has a new digest. The engine, and later the event stre
 dashboard and metrics, subscribe. A subscriber reads at its own pace from a bounded queue;
 one that falls behind is told so (``Gap``) once and should re-read the state it mirrors.
 History is kept (bounded) so a subscriber can resume after a sequence number.
+
+A *quiet* change is a heartbeat's (when a node last reported, its agent's uptime): it goes
+only to the subscribers that ask for quiet changes, never into the history, and takes no
+number of its own (it carries the last real change's). A heartbeat of every node wakes
+neither the engine nor the event stream, cannot push real changes out of the history, and
+leaves the real changes' numbers consecutive, as resuming clients expect.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ class Change:
     kind: str
     fields: Mapping[str, Any] = field(default_factory=dict)
     message: str = ""
+    quiet: bool = False
 
     def as_json(self) -> dict[str, Any]:
         return {"seq": self.seq, "time": self.at, "node": self.node, "kind": self.kind,
@@ -47,8 +54,9 @@ GAP = Gap()
 class Subscription:
     """An async iterator of changes (and ``GAP`` after an overflow)."""
 
-    def __init__(self, feed: ChangeFeed, limit: int) -> None:
+    def __init__(self, feed: ChangeFeed, limit: int, quiet: bool = False) -> None:
         self._feed = feed
+        self.quiet = quiet
         self._queue: deque[Change | Gap] = deque()
         self._limit = limit
         self._ready = asyncio.Event()
@@ -100,19 +108,29 @@ class ChangeFeed:
         self._subscribers: set[Subscription] = set()
 
     def publish(
-        self, node: str, kind: str, fields: Mapping[str, Any] | None = None, message: str = ""
+        self,
+        node: str,
+        kind: str,
+        fields: Mapping[str, Any] | None = None,
+        message: str = "",
+        quiet: bool = False,
     ) -> Change:
-        self.seq += 1
-        change = Change(self.seq, self.clock(), node, kind, dict(fields or {}), message)
-        self.history.append(change)
+        if not quiet:  # a quiet change takes no number: real ones stay consecutive
+            self.seq += 1
+        change = Change(self.seq, self.clock(), node, kind, dict(fields or {}), message, quiet)
+        if not quiet:
+            self.history.append(change)
         for subscription in self._subscribers:
-            subscription._put(change)
+            if subscription.quiet or not quiet:
+                subscription._put(change)
         return change
 
-    def subscribe(self, since: int | None = None, limit: int = QUEUE) -> Subscription:
-        """Changes from now on; with ``since``, first those after it still in the history
-        (a ``GAP`` first when some of them are gone)."""
-        subscription = Subscription(self, limit)
+    def subscribe(
+        self, since: int | None = None, limit: int = QUEUE, quiet: bool = False
+    ) -> Subscription:
+        """Changes from now on (with ``quiet``, heartbeats too); with ``since``, first
+        those after it still in the history (a ``GAP`` first when some of them are gone)."""
+        subscription = Subscription(self, limit, quiet)
         if since is not None:
             oldest = self.history[0].seq if self.history else self.seq + 1
             if oldest > since + 1 or since > self.seq:  # lost, or another server's number
