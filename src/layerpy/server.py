@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import signal
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from layerpy import budget, host, logs
+from layerpy import budget, census, host, logs
 from layerpy.auth import Tokens
 from layerpy.boot import BootPolicy
 from layerpy.catalog import Catalog
@@ -53,7 +54,7 @@ class Server:
         images = ImageStore(config.server.state_dir / "images")
         self.catalog = Catalog(images, self.nodes.feed, self.stats)
         self.lifecycle = Lifecycle(self.nodes, self.catalog, config.server.power_poll, self.stats)
-        self.stats.watch_nodes(self.lifecycle)
+        self.stats.watch_nodes(functools.partial(census.count, self.lifecycle))
         self.policy = BootPolicy(self.nodes)
         self.plan = budget.plan(budget.raise_limit())  # what each subsystem may hold
         self.consoles = Consoles(config.server.state_dir / "consoles", self.nodes.saw_console,
