@@ -148,3 +148,16 @@ def test_the_writers_check_sees_a_reach_through() -> None:
     """A service marking a boot phase on the store itself, as http.py once did, is seen."""
     reach = ast.parse("async def minos_file(request):\n    policy.nodes.mark(node, phase)\n")
     assert naming(["mark"], "nodes/store.py", {"services/http.py": reach}) == {"services/http.py"}
+
+
+def test_no_boot_service_holds_the_node_store() -> None:
+    """As docs/architecture.md says: DHCP, TFTP and boot HTTP know the Booter only."""
+    for name in ("dhcp.py", "tftp.py", "http.py"):
+        tree = ast.parse((SRC / "services" / name).read_text(encoding="utf-8"))
+        held = {
+            node.attr if isinstance(node, ast.Attribute) else node.id
+            for node in ast.walk(tree)
+            if (isinstance(node, ast.Attribute) and node.attr == "nodes")
+            or (isinstance(node, ast.Name) and node.id in ("NodeStore", "NODES"))
+        }
+        assert not held, f"services/{name} reaches the node store: {sorted(held)}"
