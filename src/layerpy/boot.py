@@ -1,10 +1,13 @@
 """Boot policy: *what* each machine gets, kept apart from *how* the protocols carry it.
 
-DHCP asks :meth:`BootPolicy.verdict` what a request deserves (a pure reading of the node
-file, the node store and the discovery pool), lets the protocol core in
-:mod:`layerpy.proto.dhcp_server` decide the reply, and then calls :meth:`BootPolicy.apply`
-with the core's effects: observations and lease changes are written there and only there.
-HTTP asks :meth:`BootPolicy.script`. Neither service knows node files, firmware or tokens.
+The boot services see only :class:`Booter` (pixiecore's ``Booter`` is the model): what a
+machine is to boot, and what it fetched. DHCP asks :meth:`Booter.verdict` what a request
+deserves (a pure reading of the node file, the node store and the discovery pool), lets
+the protocol core in :mod:`layerpy.proto.dhcp_server` decide the reply, and then calls
+:meth:`Booter.apply` with the core's effects: observations and lease changes are written
+there and only there. HTTP asks for scripts and, with TFTP, says what was fetched
+(:meth:`Booter.fetched`). No service knows the node store, firmware or tokens.
+:class:`BootPolicy` is the one Booter.
 """
 
 from __future__ import annotations
@@ -13,13 +16,13 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from ipaddress import IPv4Address
-from typing import Any
+from typing import Any, Protocol
 
 from layerpy.config import Config
 from layerpy.journal import Journal
 from layerpy.logs import Throttle
 from layerpy.model import Node, Phase
-from layerpy.nodes import DISCOVERY, NodeStore
+from layerpy.nodes import DISCOVERY, Ack, NodeStore
 from layerpy.proto.agent import Cmdline
 from layerpy.proto.dhcp import ANY, DISCOVER, OPT_VENDOR_CLASS, DhcpPacket, Offer
 from layerpy.proto.dhcp_server import Action, Effect, Grant
@@ -87,6 +90,30 @@ class Verdict:
     untrusted: bool = False  # relayed, not by a relay we know: dropped, nothing written
 
 
+class Refused(Exception):
+    """A boot script asked for from an address it is not for; the message says whose it is."""
+
+
+class Booter(Protocol):
+    """The boot services' one door to the nodes: what a machine is to boot, and what it
+    fetched (and the agent's report, which ends a boot). Nothing else of the node store."""
+
+    @property
+    def config(self) -> Config:
+        """The node file in force."""
+        ...
+
+    def tick(self) -> list[Lease]: ...
+    def verdict(self, request: DhcpPacket, sender: str) -> Verdict: ...
+    def apply(self, verdict: Verdict, effects: Iterable[Effect]) -> None: ...
+    def script(self, name: str, remote: str) -> str | None: ...
+    def discovery_script(self, mac: str, remote: str) -> str | None: ...
+    def fetched(self, remote: str, phase: Phase) -> None: ...
+    def known(self, address: str) -> bool: ...
+    def report(self, payload: Any) -> Ack: ...
+    def holds_token(self, name: str, token: str) -> bool: ...
+
+
 class PortShares:
     """Which discovery pool holders sit behind which relay port, counted per port at once
     (a scan of every holder per DISCOVER would cost what the pool is large)."""
@@ -115,6 +142,9 @@ class PortShares:
 
 
 class BootPolicy:
+    """The :class:`Booter` of ``layerpy serve``: the node file, the node store and the
+    discovery pool decide what each machine boots."""
+
     def __init__(self, nodes: NodeStore) -> None:
         self.nodes = nodes
         self._journal = Journal(nodes.config.server.state_dir / LEASES, key="address")
@@ -351,8 +381,14 @@ class BootPolicy:
         lease = self._leases.lease_of(mac) if self._leases is not None else None
         return lease.address if lease is not None else None
 
-    def discovery_script(self, mac: str) -> str | None:
-        """The minOS for a machine no node claims yet (None: not one we know)."""
+    def discovery_script(self, mac: str, remote: str) -> str | None:
+        """The minOS for a machine no node claims yet, at the pool address it holds (None:
+        no such machine; Refused: `remote` is not its address)."""
+        address = self.discovery_address(mac)
+        if address is None or mac not in self.nodes.unknown:
+            return None
+        if remote != str(address):
+            raise Refused(str(address))
         token = self.nodes.discovery_token(mac)
         return None if token is None else self._script(DISCOVERY, token, mac)
 
@@ -393,8 +429,15 @@ class BootPolicy:
     def script_url(self, node: Node) -> str:
         return f"{self.base_url}/boot/{node.name}.ipxe"
 
-    def script(self, node: Node) -> str:
-        """The iPXE script that loads the minOS with this boot's token."""
+    def script(self, name: str, remote: str) -> str | None:
+        """The iPXE script that loads the minOS with a fresh boot token, for node `name`
+        asking from `remote` (None: no such node; Refused: `remote` is not its address)."""
+        node = self.nodes.nodes.get(name)
+        if node is None:
+            return None
+        address = self.address_of(node)
+        if address is None or remote != str(address):
+            raise Refused(str(address or "the address it shows the ProxyDHCP server (none yet)"))
         token = self.nodes.issue_token(node)
         mac = node.mac or node.config.mac or ""
         return self._script(node.name, token, mac, node.config.persist_disk or "")
@@ -418,9 +461,24 @@ class BootPolicy:
         else (proxy) the one it showed on port 4011. Its boot script goes there only."""
         return node.config.ip or node.ip
 
-    def node_for_fetch(self, remote: str) -> Node | None:
-        """The node a boot-file request comes from, known by its address."""
-        try:
-            return self.nodes.by_ip(IPv4Address(remote))
-        except ValueError:
-            return None
+    def fetched(self, remote: str, phase: Phase) -> None:
+        """A boot file (iPXE binary, kernel, initrd) went to `remote`: a phase of the boot
+        of the node at that address, if one is."""
+        node = self.nodes.by_ip(remote)
+        if node is not None:
+            self.nodes.mark(node, phase)
+
+    def known(self, address: str) -> bool:
+        """Whether a boot-network address is a node's: in the node file (or shown by a
+        node in proxy mode), or leased from the discovery pool."""
+        if self.nodes.by_ip(address) is not None:
+            return True
+        return self._leases is not None and self._leases.leased(address)
+
+    def report(self, payload: Any) -> Ack:
+        """An agent's report, admitted or refused (ReportRejected) by the node store."""
+        return self.nodes.report(payload)
+
+    def holds_token(self, name: str, token: str) -> bool:
+        """Whether `token` is node `name`'s boot token (its own files and images)."""
+        return self.nodes.holds_token(name, token)

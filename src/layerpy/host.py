@@ -27,6 +27,10 @@ _IFADDR = struct.Struct("=BBBBI")  # ifaddrmsg: family, prefix length, flags, sc
 _ATTR = struct.Struct("=HH")  # rtattr: length, type
 
 
+class StartRefused(Exception):
+    """The server will not start here; the message says why and what to do."""
+
+
 def interfaces() -> dict[str, list[IPv4Interface]]:
     """Every interface of this host (network namespace) with its IPv4 addresses."""
     found = _addresses()

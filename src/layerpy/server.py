@@ -9,44 +9,39 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import signal
 from collections.abc import Iterator
 from dataclasses import replace
-from ipaddress import IPv4Address
 from pathlib import Path
 
 from aiohttp import web
 
-from layerpy import budget, host, logs
+from layerpy import budget, census, host, logs
 from layerpy.auth import Tokens
 from layerpy.boot import BootPolicy
 from layerpy.catalog import Catalog
 from layerpy.config import Config, ConfigError, ReloadRefused, load
 from layerpy.consoles import Consoles
+from layerpy.host import StartRefused
 from layerpy.images import ImageStore
 from layerpy.lifecycle import Lifecycle
-from layerpy.model import Phase
 from layerpy.nodes import NodeStore
 from layerpy.nodes.store import FileChange, compare
 from layerpy.notify import notify, reloading
 from layerpy.power.base import PowerSpec
 from layerpy.services import listeners
 from layerpy.services.api import build_api
-from layerpy.services.dhcp import other_servers, start_dhcp
+from layerpy.services.dhcp import Neighbours, start_dhcp
 from layerpy.services.http import build_app
-from layerpy.services.tftp import TftpBudget, TftpEvent, start_tftp
+from layerpy.services.tftp import TftpBudget, accounting, start_tftp
 from layerpy.stats import Stats
 
 log = logging.getLogger("layerpy.server")
 
 LAG_PROBE = 0.05  # seconds between looks at the event loop's lag
-NEIGHBOUR_CHECK = 600.0  # seconds between looks for another DHCP server while serving
-
-
-class StartRefused(Exception):
-    """The server will not start here; the message says why and what to do."""
 
 
 class Server:
@@ -59,14 +54,14 @@ class Server:
         images = ImageStore(config.server.state_dir / "images")
         self.catalog = Catalog(images, self.nodes.feed, self.stats)
         self.lifecycle = Lifecycle(self.nodes, self.catalog, config.server.power_poll, self.stats)
-        self.stats.watch_nodes(self.lifecycle)
+        self.stats.watch_nodes(functools.partial(census.count, self.lifecycle))
         self.policy = BootPolicy(self.nodes)
         self.plan = budget.plan(budget.raise_limit())  # what each subsystem may hold
         self.consoles = Consoles(config.server.state_dir / "consoles", self.nodes.saw_console,
                                  most=self.plan.consoles)  # fmt: skip
         self._closers: list[object] = []
         self._runners: list[web.AppRunner] = []
-        self._neighbours: set[IPv4Address] = set()  # other DHCP servers seen on the segment
+        self._neighbours: Neighbours | None = None  # other DHCP servers on the segment
         self._reloading = asyncio.Lock()
 
     @property
@@ -149,8 +144,10 @@ class Server:
                 str(server.address),
                 server.tftp_port,
                 interface=server.interface,
-                on_event=self._tftp_event,
-                budget=TftpBudget(plan.tftp, plan.tftp_per_address, plan.tftp_known, self._known),
+                on_event=accounting(self.stats, self.policy),
+                budget=TftpBudget(
+                    plan.tftp, plan.tftp_per_address, plan.tftp_known, self.policy.known
+                ),
             )
         )
         self.catalog.sync(self.config)  # images pull in the background
@@ -158,7 +155,8 @@ class Server:
         if server.dhcp != "off":
             assert server.interface is not None
             if server.dhcp_probe:
-                await self._look_for_other_servers(starting=True)
+                self._neighbours = Neighbours(server)
+                await self._neighbours.look(starting=True)
             self._closers += await start_dhcp(
                 self.policy,
                 server.interface,
@@ -173,14 +171,6 @@ class Server:
         self._runners.append(runner)
         return runner
 
-    def _known(self, address: str) -> bool:
-        """Whether a boot-network address is a node's: in the node file (or shown by a
-        node in proxy mode), or leased from the discovery pool."""
-        if self.nodes.by_ip(address) is not None:
-            return True
-        leases = self.policy.leases
-        return leases is not None and leases.leased(address)
-
     def _admission(self, name: str, plan: budget.Plan, *, boot: bool) -> listeners.Admission:
         """A listener's connection budget from the plan: the boot network's keeps a part
         for known nodes; refusals and sheds are counted."""
@@ -189,7 +179,7 @@ class Server:
             total=plan.boot_http if boot else plan.operator_api,
             per_address=plan.boot_http_per_address if boot else plan.operator_api_per_address,
             known_share=plan.boot_http_known if boot else 0,
-            known=self._known if boot else lambda address: False,
+            known=self.policy.known if boot else lambda address: False,
             on_refused=lambda: self.stats.count("http", "refused", ok=False),
             on_shed=lambda: self.stats.count("http", "shed", ok=False),
         )
@@ -214,8 +204,8 @@ class Server:
         made = tokens.first_start()
         if made is not None:
             log.info("made the first operator token, admin; its secret is in %s (0600)", made)
-        app = build_api(self.policy, self.stats, self.reload, self.lifecycle, self.catalog,
-                        tokens, self.consoles, origins=api.origins,
+        app = build_api(self.policy, self.nodes, self.stats, self.reload, self.lifecycle,
+                        self.catalog, tokens, self.consoles, origins=api.origins,
                         log_requests=server.log_requests)  # fmt: skip
         runner = await self._serve_app(app)
         socket_path = api.socket_path(server.state_dir)
@@ -230,62 +220,6 @@ class Server:
             names.append(site.name)
         log.info("operator API on %s", ", ".join(names))
 
-    async def _look_for_other_servers(self, *, starting: bool = False) -> None:
-        """Authoritative: another DHCP server answering on our segment would hand out
-        addresses against ours, so at start it refuses the start (unless the file expects
-        it); later it is logged once per server found. Proxy: the site's server is needed,
-        and its absence is logged (the nodes cannot get addresses without it)."""
-        server = self.config.server
-        assert server.interface is not None
-        try:
-            found = set(await other_servers(server.interface, server.address, server.dhcp_probe))
-        except OSError as error:
-            log.warning("cannot look for other DHCP servers on %s: %s", server.interface,
-                        error.strerror or error)  # fmt: skip
-            return
-        new, gone = found - self._neighbours, self._neighbours - found
-        self._neighbours = found
-        names = ", ".join(str(address) for address in sorted(new))
-        if server.dhcp == "proxy":
-            if new:
-                log.info("the site's DHCP server answers on %s: %s", server.interface, names)
-            if not found and (starting or gone):
-                log.warning(
-                    'no DHCP server answers on %s: with dhcp = "proxy" the site\'s server '
-                    "gives the nodes their addresses, and they cannot boot until one answers",
-                    server.interface,
-                )
-            return
-        if not new:
-            return
-        message = f"another DHCP server answers on {server.interface}: {names}"
-        if starting and server.other_dhcp == "refuse":
-            raise StartRefused(
-                f"{message}; two servers would hand out conflicting addresses. Stop it, set "
-                '[server] dhcp = "proxy" to boot nodes beside it, or set [server] other_dhcp = '
-                '"expected" in the node file if it is meant to be'
-            )
-        log.warning("%s", message)
-
-    async def _watch_for_other_servers(self) -> None:
-        while True:
-            await asyncio.sleep(NEIGHBOUR_CHECK)
-            await self._look_for_other_servers()
-
-    def _tftp_event(self, event: TftpEvent) -> None:
-        """Each request is counted once, when it ends: "read" (a transfer, with its service
-        time and acknowledged bytes; failed ones are failures), "denied" (refused before
-        any data: no such file, a write, a bad mode), "refused" (over the transfer budget);
-        "malformed" counts dropped datagrams."""
-        if event.kind in ("done", "failed"):
-            ok = event.kind == "done"
-            self.stats.observe("tftp", "read", event.seconds, ok=ok, size=event.bytes)
-        elif event.kind in ("denied", "refused", "malformed"):
-            self.stats.count("tftp", event.kind, ok=False)
-        node = self.nodes.by_ip(event.client)
-        if node is not None and event.kind == "done":
-            self.nodes.mark(node, Phase.TFTP)
-
     async def watch(self) -> None:
         """Continuous work: the lifecycle, and nodes that stop reporting."""
         async with asyncio.TaskGroup() as tasks:
@@ -293,8 +227,8 @@ class Server:
             tasks.create_task(self._check_lost())
             tasks.create_task(self._measure_loop_lag())
             tasks.create_task(_sum_up_held_back_logs())
-            if self.config.server.dhcp != "off" and self.config.server.dhcp_probe:
-                tasks.create_task(self._watch_for_other_servers())
+            if self._neighbours is not None:
+                tasks.create_task(self._neighbours.watch())
 
     async def _measure_loop_lag(self) -> None:
         """How late the event loop wakes a timer, i.e. how long something else held it:

@@ -6,7 +6,8 @@ histogram of the service times per subsystem, in buckets that fit it. Every DHCP
 and HTTP request passes ``observe``: it only bumps plain numbers, and the Prometheus
 families are built from them at scrape time by a prometheus_client collector on a
 registry of this Stats' own (one per server, never the process-wide one), beside the
-node counts by state (NodeStates) and the process's metrics. All of it runs on the event
+node counts by state (NodeStates, from a count it is handed: it knows no lifecycle) and
+the process's metrics. All of it runs on the event
 loop's thread, so nothing here takes a lock. docs/metrics.md lists every metric.
 
 Label values come from fixed sets: the callers pass message types, route patterns, driver
@@ -16,14 +17,13 @@ counted as ``other``, so even a wrong caller cannot grow the series without boun
 
 from __future__ import annotations
 
-import asyncio
 import math
 import statistics
 from bisect import bisect_left
 from collections import Counter, defaultdict, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from prometheus_client import (
     CollectorRegistry,
@@ -43,13 +43,9 @@ from prometheus_client.utils import floatToGoString
 from layerpy import logs
 from layerpy.model import Busy, ImageState, PowerState, RunState
 
-if TYPE_CHECKING:
-    from layerpy.lifecycle import Lifecycle
-
 SAMPLES = 2048
 MAX_KINDS = 256  # per subsystem; HTTP has about 70 (routes and methods of both apps)
 OTHER = "other"
-SLICE = 2000  # nodes counted for a scrape before the event loop runs others (about 2 ms)
 
 
 def decades(low: float, high: float) -> tuple[float, ...]:
@@ -223,9 +219,9 @@ class Stats:
         GCCollector(registry=self.registry)
         self.node_states: NodeStates | None = None
 
-    def watch_nodes(self, lifecycle: Lifecycle) -> None:
-        """Count the server's nodes by state at each scrape."""
-        self.node_states = NodeStates(lifecycle)
+    def watch_nodes(self, count: Count) -> None:
+        """Count the server's nodes by state at each scrape, with `count`."""
+        self.node_states = NodeStates(count)
         self.registry.register(self.node_states)
 
     async def exposition(self) -> bytes:
@@ -343,11 +339,26 @@ def _cumulative(bounds: tuple[float, ...], groups: Iterable[list[int]]) -> list[
     return buckets
 
 
+@dataclass(frozen=True, slots=True)
+class Census:
+    """The nodes counted for one scrape, by whoever knows them (``layerpy.census``)."""
+
+    nodes: int = 0
+    observed: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # variable: value: n
+    unsettled: Mapping[str, int] = field(default_factory=dict)  # variable: nodes not as desired
+    engine: Mapping[str, int] = field(default_factory=dict)  # the engine's own counts
+    unknown: int = 0  # machines booting that no node claims
+    images: Mapping[str, int] = field(default_factory=dict)  # images by pull state
+
+
+Count = Callable[[], Awaitable[Census]]
+
+
 class NodeStates:
-    """Nodes by state, counted from the node store at each scrape (nothing kept twice):
-    per state variable the observed values as the engine plans from them, and how many
-    differ from the desired one; beside them the engine's own counts. Label sets are the
-    fixed enums, every value exported (zeros too, so a series does not come and go)."""
+    """Nodes by state, counted at each scrape by the `count` it is handed (nothing kept
+    twice): per state variable the observed values as the engine plans from them, and how
+    many differ from the desired one; beside them the engine's own counts. Label sets are
+    the fixed enums, every value exported (zeros too, so a series does not come and go)."""
 
     VARIABLES = (
         ("power", PowerState, "observed power (from BMC polls; hang: on but not booting)"),
@@ -357,79 +368,55 @@ class NodeStates:
     )
     DESIRED = ("power", "run", "image")  # busy is never desired
 
-    def __init__(self, lifecycle: Lifecycle) -> None:
-        self.lifecycle = lifecycle
-        self.observed, self.unsettled, self.nodes = self._tally()
-
-    def _tally(self) -> tuple[dict[str, dict[str, int]], dict[str, int], int]:
-        observed = {variable: dict.fromkeys(values, 0) for variable, values, _ in self.VARIABLES}
-        return observed, dict.fromkeys(self.DESIRED, 0), 0
+    def __init__(self, count: Count) -> None:
+        self.count = count
+        self.census = Census()
 
     async def refresh(self) -> None:
-        """Count the nodes again, SLICE at a time: 100 000 take 0.09 s, and held at once
-        that would delay every DHCP answer as long."""
-        lifecycle = self.lifecycle
-        observed, unsettled, counted = self._tally()
-        names = list(lifecycle.store.nodes)
-        for start in range(0, len(names), SLICE):
-            nodes = lifecycle.store.nodes  # a reload may have replaced it meanwhile
-            for name in names[start : start + SLICE]:
-                node = nodes.get(name)
-                if node is None:
-                    continue
-                counted += 1
-                dsc = lifecycle.dsc(node)  # what the engine plans from
-                for variable, value in dsc.items():
-                    observed[variable][value] += 1
-                for variable, wanted in lifecycle.desired_of(name).items():
-                    if wanted is not None and dsc[variable] != wanted:
-                        unsettled[variable] += 1
-            await asyncio.sleep(0)
-        self.observed, self.unsettled, self.nodes = observed, unsettled, counted
+        self.census = await self.count()
 
     def collect(self) -> Iterator[Metric]:
-        """The last count, and what is counted as it changes (engine, machines, images)."""
-        lifecycle = self.lifecycle
-        observed, unsettled, nodes = self.observed, self.unsettled, self.nodes
-        yield GaugeMetricFamily("layerpy_nodes", "Nodes in the node file.", nodes)
-        for variable, _, what in self.VARIABLES:
+        """The last count."""
+        census = self.census
+        yield GaugeMetricFamily("layerpy_nodes", "Nodes in the node file.", census.nodes)
+        for variable, values, what in self.VARIABLES:
             gauge = GaugeMetricFamily(f"layerpy_nodes_{variable}", f"Nodes by {what}.",
                                       labels=["state"])  # fmt: skip
-            for state, count in observed[variable].items():
-                gauge.add_metric([state], count)
+            observed = census.observed.get(variable, {})
+            for state in values:
+                gauge.add_metric([state], observed.get(state, 0))
             yield gauge
         gauge = GaugeMetricFamily(
             "layerpy_nodes_unsettled",
             "Nodes whose observed state differs from the desired one, per state variable.",
             labels=["variable"],
         )
-        for variable, count in unsettled.items():
-            gauge.add_metric([variable], count)
+        for variable in self.DESIRED:
+            gauge.add_metric([variable], census.unsettled.get(variable, 0))
         yield gauge
-        engine = lifecycle.engine.stats()
+        engine = census.engine
         for key, what in (
             ("converged", "Nodes whose observed state is the desired one."),
             ("blocked", "Nodes with no path from their observed state to the desired one."),
             ("gave_up", "Nodes the engine gave up on after repeated failures."),
         ):
-            yield GaugeMetricFamily(f"layerpy_nodes_{key}", what, engine[key])
+            yield GaugeMetricFamily(f"layerpy_nodes_{key}", what, engine.get(key, 0))
         yield GaugeMetricFamily(
             "layerpy_engine_mutations_in_flight", "Mutations fired and not yet ended.",
-            engine["in_flight"],
+            engine.get("in_flight", 0),
         )  # fmt: skip
         yield GaugeMetricFamily("layerpy_engine_actions_running", "Actions running now.",
-                                engine["actions"])  # fmt: skip
+                                engine.get("actions", 0))  # fmt: skip
         yield CounterMetricFamily(
             "layerpy_engine_mutation_failures", "Mutations that failed or timed out.",
-            engine["failures"],
+            engine.get("failures", 0),
         )  # fmt: skip
         yield GaugeMetricFamily(
             "layerpy_unknown_machines", "Machines booting that no node claims (discovery).",
-            len(lifecycle.store.unknown.machines),
+            census.unknown,
         )  # fmt: skip
         images = GaugeMetricFamily("layerpy_images", "Images of the node file, by pull state.",
                                    labels=["state"])  # fmt: skip
-        states = Counter(entry.state for entry in lifecycle.catalog.entries.values())
         for state in ("pulling", "ready", "error"):
-            images.add_metric([state], states[state])
+            images.add_metric([state], census.images.get(state, 0))
         yield images

@@ -97,7 +97,7 @@ def snapshot(service: DhcpService) -> dict[str, Any]:
     changes, the pool's leases, the files in the state directory) but the sighting itself:
     which MAC asked (a node's ``mac``, an unknown machine's entry and counters) is recorded
     for the operator whatever the answer, as the node store's docs say."""
-    policy, store = service.policy, service.policy.nodes
+    policy, store = service.booter, service.booter.nodes
     state_dir = policy.config.server.state_dir
     return {
         "nodes": {name: dataclasses.replace(node, mac=None) for name, node in store.nodes.items()},

@@ -55,7 +55,7 @@ async def operator_api(path: Path) -> AsyncIterator[tuple[web.Application, TestC
     gc.freeze()
     secret = Tokens(server.config.server.state_dir).create("fuzz", Scope.ADMIN)
     tokens = Tokens(server.config.server.state_dir)
-    app = build_api(server.policy, server.stats, server.reload, server.lifecycle,
+    app = build_api(server.policy, server.nodes, server.stats, server.reload, server.lifecycle,
                     server.catalog, tokens, server.consoles)  # fmt: skip
     headers = {"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}
     try:

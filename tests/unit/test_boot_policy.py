@@ -102,7 +102,7 @@ def test_offer_per_firmware(service, options, firmware, bootfile, next_server) -
         assert offer.options[dhcp.OPT_VENDOR_SPECIFIC] == bytes((6, 1, 8, 255))
     if firmware == "uefi-http":  # UEFI takes an HTTP boot offer only with option 60 echoed
         assert offer.options[dhcp.OPT_VENDOR_CLASS] == b"HTTPClient"
-    node = service.policy.nodes.nodes["cn001"]
+    node = service.booter.nodes.nodes["cn001"]
     assert node.run_state is (RunState.UNKNOWN if firmware == "os" else RunState.BOOTING)
     assert node.mac == KNOWN
 
@@ -142,14 +142,14 @@ def test_request_for_the_right_address_is_acked_and_timed(service) -> None:
         service, request(dhcp.REQUEST, o50=bytes([10, 99, 0, 11]), o54=SERVER.packed, **IPXE)
     )
     assert ack.message_type == dhcp.ACK
-    assert "dhcp_ack" in service.policy.nodes.nodes["cn001"].boot.phases
+    assert "dhcp_ack" in service.booter.nodes.nodes["cn001"].boot.phases
 
 
 def test_an_os_ack_is_not_a_boot_phase(service) -> None:
     assert (
         answer(service, request(dhcp.REQUEST, o50=bytes([10, 99, 0, 11]))).message_type == dhcp.ACK
     )
-    assert service.policy.nodes.nodes["cn001"].boot is None
+    assert service.booter.nodes.nodes["cn001"].boot is None
 
 
 def test_request_for_another_address_is_nakked(service) -> None:
@@ -173,8 +173,8 @@ def test_request_to_another_server_is_ignored(service) -> None:
 
 def test_unknown_machine_gets_nothing_without_discovery(service) -> None:
     assert answer(service, request(dhcp.DISCOVER, mac=STRANGER, **BIOS)) is None
-    assert list(service.policy.nodes.unknown) == [STRANGER]
-    assert service.policy.leases is None
+    assert list(service.booter.nodes.unknown) == [STRANGER]
+    assert service.booter.leases is None
 
 
 def test_release_and_decline_of_a_fixed_address_keep_it(service) -> None:
@@ -200,7 +200,7 @@ def snapshot(inventory: NodeStore):
 )
 def test_a_verdict_writes_nothing_and_apply_writes_it(make_config, mac, extra) -> None:
     service = make_service(with_discovery(make_config, LOCATED))
-    policy = service.policy
+    policy = service.booter
     discover = request(dhcp.DISCOVER, mac=mac, giaddr=RELAY if "o82" in extra else ZERO, **extra)
     before, leases = snapshot(policy.nodes), policy.leases.records()
     verdict = policy.verdict(discover, str(discover.giaddr))
@@ -219,7 +219,7 @@ def test_relay_names_the_node_by_its_port(make_config) -> None:
     assert decision.reply.yiaddr == IPv4Address("10.99.0.13")
     assert decision.destination == ("10.99.0.254", 67)
     assert decision.reply.options[dhcp.OPT_RELAY_AGENT] == b"\x01\x04swp3"
-    inventory = service.policy.nodes
+    inventory = service.booter.nodes
     assert inventory.by_mac(mac).name == "cn003"
     assert inventory.nodes["cn003"].location["source"] == "dhcp-option-82"
 
@@ -239,8 +239,8 @@ def test_option_82_counts_only_from_a_named_relay(make_config, giaddr, identity)
     mac = "52:54:00:aa:00:03"
     verdict, _ = handle(service, request(dhcp.DISCOVER, mac=mac, giaddr=giaddr, **BIOS, **ON_SWP3))
     assert verdict.node is None and verdict.location is None
-    assert service.policy.nodes.by_mac(mac) is None
-    assert service.policy.nodes.identities.bindings == {}
+    assert service.booter.nodes.by_mac(mac) is None
+    assert service.booter.nodes.identities.bindings == {}
 
 
 def test_a_relayed_packet_is_believed_only_from_its_relay(make_config) -> None:
@@ -248,7 +248,7 @@ def test_a_relayed_packet_is_believed_only_from_its_relay(make_config) -> None:
     option 82 took that node's identity. From anyone but the relay it is dropped and
     counted, and nothing is written; from the relay itself it still names the node."""
     service = make_service(with_discovery(make_config, LOCATED))
-    policy, mac = service.policy, "52:54:00:aa:00:03"
+    policy, mac = service.booter, "52:54:00:aa:00:03"
     forged = request(dhcp.DISCOVER, mac=mac, giaddr=RELAY, **BIOS, **ON_SWP3)
     before, leases = snapshot(policy.nodes), policy.leases.records()
     verdict, decision = handle(service, forged, sender="10.99.0.99")
@@ -291,7 +291,7 @@ def test_only_relays_the_file_names_are_answered(make_config) -> None:
 
 def test_a_port_held_by_a_live_machine_is_not_given_away(make_config) -> None:
     service = make_service(with_discovery(make_config, LOCATED))
-    inventory = service.policy.nodes
+    inventory = service.booter.nodes
     node = inventory.locate("52:54:00:aa:00:01", ("sw1", "swp3"), "lldp")
     node.run_state = RunState.READY  # alive: its agent reports
     newcomer = request(dhcp.DISCOVER, mac="52:54:00:aa:00:02", giaddr=RELAY, **BIOS, **ON_SWP3)
@@ -305,7 +305,7 @@ def test_a_port_held_by_a_live_machine_is_not_given_away(make_config) -> None:
 
 
 def test_strangers_get_pool_addresses_held_then_bound(discovery) -> None:
-    policy = discovery.policy
+    policy = discovery.booter
     offer = answer(discovery, request(dhcp.DISCOVER, mac=STRANGER, **IPXE))
     assert offer.yiaddr == IPv4Address("10.99.0.200")
     assert (
@@ -332,7 +332,7 @@ def test_an_offer_taken_elsewhere_is_withdrawn(discovery) -> None:
         dhcp.REQUEST, mac=STRANGER, o50=bytes([10, 99, 0, 200]), o54=bytes([10, 99, 0, 2])
     )
     assert answer(discovery, chose_other) is None
-    assert discovery.policy.discovery_address(STRANGER) is None
+    assert discovery.booter.discovery_address(STRANGER) is None
     assert answer(discovery, request(dhcp.DISCOVER, mac="52:54:00:00:00:02")).yiaddr == IPv4Address(
         "10.99.0.201"
     )
@@ -348,23 +348,23 @@ def test_unrenewed_leases_lapse(discovery, clock) -> None:
     renew = request(dhcp.REQUEST, mac=STRANGER, ciaddr=IPv4Address("10.99.0.200"))
     assert answer(discovery, renew).message_type == dhcp.ACK
     clock.now += DISCOVERY_LEASE - 1
-    assert discovery.policy.tick() == []
+    assert discovery.booter.tick() == []
     clock.now += 1
-    [lapsed] = discovery.policy.tick()
+    [lapsed] = discovery.booter.tick()
     assert (lapsed.client, lapsed.state) == (STRANGER, BOUND)
-    assert discovery.policy.discovery_address(STRANGER) is None
+    assert discovery.booter.discovery_address(STRANGER) is None
 
 
 def test_a_declined_address_is_quarantined(discovery, clock) -> None:
     answer(discovery, request(dhcp.DISCOVER, mac=STRANGER))
     decline = request(dhcp.DECLINE, mac=STRANGER, o50=bytes([10, 99, 0, 200]), o54=SERVER.packed)
     assert answer(discovery, decline) is None
-    assert discovery.policy.leases.records()[0]["state"] == DECLINED
+    assert discovery.booter.leases.records()[0]["state"] == DECLINED
     assert answer(discovery, request(dhcp.DISCOVER, mac=STRANGER)).yiaddr == IPv4Address(
         "10.99.0.201"
     )
     clock.now += QUARANTINE
-    assert [lease.state for lease in discovery.policy.tick()] == [OFFERED, DECLINED]  # by time
+    assert [lease.state for lease in discovery.booter.tick()] == [OFFERED, DECLINED]  # by time
 
 
 def test_one_relay_port_holds_a_bounded_share_of_the_pool(make_config, clock) -> None:
@@ -378,7 +378,7 @@ def test_one_relay_port_holds_a_bounded_share_of_the_pool(make_config, clock) ->
 
     offers = [discover(f"52:54:00:bb:00:{i:02x}", on_swp9) for i in range(10)]
     assert sum(offer is not None for offer in offers) == PER_PORT
-    verdict = service.policy.verdict(
+    verdict = service.booter.verdict(
         request(dhcp.DISCOVER, mac="52:54:00:bb:00:20", giaddr=RELAY, **BIOS, **on_swp9), str(RELAY)
     )
     assert verdict.why == f"unknown machine, sw1:swp9 holds {PER_PORT} discovery addresses"
@@ -398,14 +398,14 @@ def test_a_released_address_comes_back_to_its_machine(discovery) -> None:
         dhcp.RELEASE, mac=STRANGER, ciaddr=IPv4Address("10.99.0.200"), o54=SERVER.packed
     )
     assert answer(discovery, release) is None
-    assert discovery.policy.discovery_address(STRANGER) is None
+    assert discovery.booter.discovery_address(STRANGER) is None
     assert answer(discovery, request(dhcp.DISCOVER, mac=STRANGER)).yiaddr == IPv4Address(
         "10.99.0.200"
     )
 
 
 def test_the_pool_follows_a_reload_and_keeps_its_leases(discovery, make_config) -> None:
-    policy = discovery.policy
+    policy = discovery.booter
     answer(discovery, request(dhcp.DISCOVER, mac=STRANGER))
     answer(
         discovery,
@@ -438,8 +438,8 @@ def test_pool_leases_survive_a_restart(make_config, clock) -> None:
                       ciaddr=held["52:54:00:cc:00:02"], o54=SERVER.packed)  # fmt: skip
     answer(first, release)
     again = make_service(config, clock)  # as after kill -9: nothing was closed
-    assert again.policy.discovery_address("52:54:00:cc:00:01") == held["52:54:00:cc:00:01"]
-    assert again.policy.discovery_address("52:54:00:cc:00:02") is None  # released
+    assert again.booter.discovery_address("52:54:00:cc:00:01") == held["52:54:00:cc:00:01"]
+    assert again.booter.discovery_address("52:54:00:cc:00:02") is None  # released
     newcomer = lease(again, "52:54:00:cc:00:03")
     assert newcomer != held["52:54:00:cc:00:01"]
     assert lease(again, "52:54:00:cc:00:01") == held["52:54:00:cc:00:01"]
@@ -458,7 +458,7 @@ def test_the_journal_is_rewritten_when_mostly_dead_and_skips_a_torn_line(
     with journal.open("a") as out:
         out.write('{"address": "10.99.0.2')  # a power cut mid-line
     restored = make_service(config, clock)
-    assert restored.policy.discovery_address(mac) == IPv4Address("10.99.0.200")
+    assert restored.booter.discovery_address(mac) == IPv4Address("10.99.0.200")
 
 
 def test_a_reply_the_kernel_refuses_is_counted_as_dropped(make_config) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import re
 import time
@@ -20,6 +21,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from layerpy import census
 from layerpy.catalog import Catalog
 from layerpy.images import ImageStore
 from layerpy.lifecycle import Lifecycle
@@ -216,7 +218,7 @@ def test_nodes_are_counted_by_state_at_each_scrape(make_config) -> None:
         catalog = Catalog(ImageStore(store.config.server.state_dir / "images"), store.feed)
         lifecycle = Lifecycle(store, catalog, poll_interval=3600)
         stats = Stats()
-        stats.watch_nodes(lifecycle)
+        stats.watch_nodes(functools.partial(census.count, lifecycle))
         before = samples(await stats.exposition())
         store.saw_power("cn009", PowerState.ON)
         return before, samples(await stats.exposition())
@@ -315,7 +317,9 @@ def test_the_docs_list_every_metric_and_the_dashboard_uses_no_other(make_config)
         store = NodeStore(make_config())
         catalog = Catalog(ImageStore(store.config.server.state_dir / "images"), store.feed)
         stats = Stats()
-        stats.watch_nodes(Lifecycle(store, catalog, poll_interval=3600))
+        stats.watch_nodes(
+            functools.partial(census.count, Lifecycle(store, catalog, poll_interval=3600))
+        )
         text = (await stats.exposition()).decode()
         return {
             family.name + ("_total" if family.type == "counter" else ""): family.type

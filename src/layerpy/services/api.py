@@ -20,28 +20,27 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from layerpy import hostlist
 from layerpy.auth import GUESS_EVERY, GUESSES, Guesses, Operator, Scope, Tokens, bearer, socket_peer
-from layerpy.boot import BootPolicy
+from layerpy.boot import Booter
 from layerpy.catalog import Catalog
 from layerpy.config import ReloadRefused, values
 from layerpy.consoles import Consoles
 from layerpy.logs import Throttle
 from layerpy.model import Busy
+from layerpy.nodes import NodeStore
 from layerpy.services.http import (
     CATALOG,
-    NODES,
     OPERATOR,
     POWER,
     STATS,
     Handler,
     PowerControl,
-    audit,
     image_file,
     profile,
     read_json,
     share,
 )
 from layerpy.services.listeners import peer_of
-from layerpy.services.live import PUBLIC_PATHS, add_live_routes
+from layerpy.services.live import NODES, PUBLIC_PATHS, add_live_routes, audit
 from layerpy.services.pieces import json_answer
 from layerpy.stats import Stats
 from layerpy.text import printable
@@ -62,7 +61,8 @@ WRONG_TOKENS: web.AppKey[Guesses] = web.AppKey("wrong_tokens", Guesses)
 
 
 def build_api(
-    policy: BootPolicy,
+    booter: Booter,
+    nodes: NodeStore,
     stats: Stats,
     reload: Reload,
     power: PowerControl,
@@ -74,7 +74,7 @@ def build_api(
     log_requests: bool = False,
 ) -> web.Application:
     app = web.Application(middlewares=[profile, authenticate], client_max_size=BODY_LIMIT)
-    share(app, policy, stats, power, catalog, log_requests)
+    share(app, booter, stats, power, catalog, log_requests)
     app[RELOAD] = reload
     app[TOKENS] = tokens
     app[WRONG_TOKENS] = Guesses()
@@ -96,7 +96,7 @@ def build_api(
             web.post("/api/v1/bind", bind_node),
         ]
     )
-    add_live_routes(app, consoles, origins)
+    add_live_routes(app, nodes, consoles, origins)
     return app
 
 

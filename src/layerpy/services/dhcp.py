@@ -1,9 +1,10 @@
 """DHCP service: moves datagrams between a socket, the protocol core and the boot policy.
 
-Per datagram: decode, tick the policy (lapsed leases), ask it what the client deserves,
+Per datagram: decode, tick the booter (lapsed leases), ask it what the client deserves,
 let the core answer (:mod:`layerpy.proto.dhcp_server` when authoritative,
 :mod:`layerpy.proto.proxy_dhcp` beside the site's server), apply the effects, send the
 reply, count. Every decision lives in ``proto/``; what a machine gets lives in ``boot.py``.
+Beside it, :class:`Neighbours` looks for other DHCP servers on the segment.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from ipaddress import IPv4Address
 
-from layerpy.boot import BootPolicy, Verdict
-from layerpy.host import cannot_listen
+from layerpy.boot import Booter, Verdict
+from layerpy.config import ServerConfig
+from layerpy.host import StartRefused, cannot_listen
 from layerpy.logs import Throttle
 from layerpy.proto import dhcp, proxy_dhcp
 from layerpy.proto.dhcp_server import (
@@ -45,6 +47,7 @@ MESSAGE_NAMES = {
     dhcp.RELEASE: "release",
     dhcp.INFORM: "inform",
 }
+NEIGHBOUR_CHECK = 600.0  # seconds between looks for another DHCP server while serving
 REMEMBERED = 4096
 """Clients whose last logged outcome is kept, so a repeating one is logged once."""
 
@@ -60,7 +63,7 @@ class DhcpService:
 
     def __init__(
         self,
-        policy: BootPolicy,
+        booter: Booter,
         server_address: IPv4Address,
         stats: Stats,
         log_requests: bool,
@@ -69,7 +72,7 @@ class DhcpService:
         proxy: bool = False,
         send: Send | None = None,
     ) -> None:
-        self.policy = policy
+        self.booter = booter
         self.server_address = server_address
         self.stats = stats
         self.log_requests = log_requests
@@ -77,7 +80,7 @@ class DhcpService:
         self.proxy = proxy
         self.send = send
         self._logged: OrderedDict[str, str] = OrderedDict()  # MAC -> last outcome logged
-        self._identity = ServerIdentity(server_address, policy.config.network.subnet)
+        self._identity = ServerIdentity(server_address, booter.config.network.subnet)
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         started = time.perf_counter()
@@ -122,22 +125,22 @@ class DhcpService:
     ) -> tuple[Verdict, Decision]:
         """Ask, decide, apply, then send: nothing is written before the decision is made,
         and a lease is journalled before the ACK that promises it goes out."""
-        for lease in self.policy.tick():
+        for lease in self.booter.tick():
             level = logging.INFO if lease.state == BOUND else logging.DEBUG
             whose = lease.client or "nobody's"
             quiet.log("lease lapsed", level, "%s lease %s lapsed (%s)", lease.state,
                       lease.address, whose)  # fmt: skip
-        verdict = self.policy.verdict(request, sender[0])
+        verdict = self.booter.verdict(request, sender[0])
         if verdict.untrusted:  # a forged relay's word: nothing answered, nothing written
             return verdict, Decision(None, None, verdict.why)
-        server, subnet = self._identity, self.policy.config.network.subnet
+        server, subnet = self._identity, self.booter.config.network.subnet
         if server.subnet is not subnet:  # a reload changed the node file
             server = self._identity = ServerIdentity(self.server_address, subnet)
         if self.proxy:
             decision = proxy_dhcp.decide(request, server, verdict.grant, self.port, sender)
         else:
             decision = decide(request, server, verdict.grant)
-        self.policy.apply(verdict, decision.effects)  # kept before it is promised
+        self.booter.apply(verdict, decision.effects)  # kept before it is promised
         reply, destination = decision.reply, decision.destination
         if reply is None or destination is None or self.send is None:
             return verdict, decision
@@ -178,7 +181,7 @@ class DhcpService:
 
 
 async def start_dhcp(
-    policy: BootPolicy,
+    booter: Booter,
     interface: str,
     server_address: IPv4Address,
     stats: Stats,
@@ -195,7 +198,7 @@ async def start_dhcp(
             endpoint = Datagrams(_listening_socket(interface, port))
             endpoints.append(endpoint)
             service = DhcpService(
-                policy, server_address, stats, log_requests,
+                booter, server_address, stats, log_requests,
                 port=port, proxy=proxy, send=endpoint.send,
             )  # fmt: skip
             endpoint.listen(service.datagram_received)
@@ -246,3 +249,55 @@ async def other_servers(interface: str, own: IPv4Address, seconds: float) -> lis
     finally:
         channel.close()
     return sorted(found)
+
+
+class Neighbours:
+    """Other DHCP servers answering on the segment. Authoritative: one would hand out
+    addresses against ours, so at start it refuses the start (unless the node file expects
+    it); later it is logged once per server found. Proxy: the site's server is needed, and
+    its absence is logged (the nodes cannot get addresses without it)."""
+
+    def __init__(self, server: ServerConfig) -> None:
+        assert server.interface is not None
+        self.server, self.interface = server, server.interface
+        self.found: set[IPv4Address] = set()
+
+    async def look(self, *, starting: bool = False) -> None:
+        """Look once (for ``dhcp_probe`` seconds); StartRefused when `starting` finds
+        another authoritative server that the node file does not expect."""
+        server = self.server
+        try:
+            found = set(await other_servers(self.interface, server.address, server.dhcp_probe))
+        except OSError as error:
+            log.warning("cannot look for other DHCP servers on %s: %s", self.interface,
+                        error.strerror or error)  # fmt: skip
+            return
+        new, gone = found - self.found, self.found - found
+        self.found = found
+        names = ", ".join(str(address) for address in sorted(new))
+        if server.dhcp == "proxy":
+            if new:
+                log.info("the site's DHCP server answers on %s: %s", self.interface, names)
+            if not found and (starting or gone):
+                log.warning(
+                    'no DHCP server answers on %s: with dhcp = "proxy" the site\'s server '
+                    "gives the nodes their addresses, and they cannot boot until one answers",
+                    self.interface,
+                )
+            return
+        if not new:
+            return
+        message = f"another DHCP server answers on {self.interface}: {names}"
+        if starting and server.other_dhcp == "refuse":
+            raise StartRefused(
+                f"{message}; two servers would hand out conflicting addresses. Stop it, set "
+                '[server] dhcp = "proxy" to boot nodes beside it, or set [server] other_dhcp = '
+                '"expected" in the node file if it is meant to be'
+            )
+        log.warning("%s", message)
+
+    async def watch(self) -> None:
+        """Look again every NEIGHBOUR_CHECK seconds, for as long as the server serves."""
+        while True:
+            await asyncio.sleep(NEIGHBOUR_CHECK)
+            await self.look()

@@ -19,11 +19,11 @@ from typing import Any, BinaryIO, Protocol
 from aiohttp import hdrs, web
 from aiohttp.abc import AbstractStreamWriter
 
-from layerpy.boot import BootPolicy
+from layerpy.boot import Booter, Refused
 from layerpy.catalog import Catalog
 from layerpy.logs import Throttle
 from layerpy.model import Phase
-from layerpy.nodes import DISCOVERY, NodeStore, ReportRejected
+from layerpy.nodes import DISCOVERY, ReportRejected
 from layerpy.proto.agent import (
     FILES_PATH,
     REPORT_PATH,
@@ -58,8 +58,7 @@ class PowerControl(Protocol):
     def file_content(self, name: str, digest: str) -> bytes | None: ...
 
 
-POLICY: web.AppKey[BootPolicy] = web.AppKey("policy", BootPolicy)
-NODES: web.AppKey[NodeStore] = web.AppKey("nodes", NodeStore)
+BOOTER: web.AppKey[Booter] = web.AppKey("booter")
 STATS: web.AppKey[Stats] = web.AppKey("stats", Stats)
 LOG_REQUESTS: web.AppKey[bool] = web.AppKey("log_requests", bool)
 TURNS: web.AppKey[asyncio.Semaphore] = web.AppKey("turns", asyncio.Semaphore)
@@ -72,19 +71,9 @@ IMAGE_FILES = ("rootfs.tar", "rootfs.squashfs", "config.json")
 METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
 
 
-def audit(request: web.Request, what: str, nodes: str = "") -> None:
-    """One line and one ``operator`` event per change an operator makes (operator
-    listeners only: the request carries who it is)."""
-    operator = request[OPERATOR]
-    message = f"{operator.name} from {operator.address}: {what}"
-    logging.getLogger("layerpy.api").info("%s", message)
-    fields = {"event": "operator", "who": operator.name, "from": operator.address}
-    request.app[NODES].feed.publish(nodes, "event", fields, message)
-
-
 def share(
     app: web.Application,
-    policy: BootPolicy,
+    booter: Booter,
     stats: Stats,
     power: PowerControl,
     catalog: Catalog,
@@ -94,14 +83,13 @@ def share(
     app[CATALOG] = catalog
     app[POWER] = power
     app[TURNS] = asyncio.Semaphore(TRANSFERS)
-    app[POLICY] = policy
-    app[NODES] = policy.nodes
+    app[BOOTER] = booter
     app[STATS] = stats
     app[LOG_REQUESTS] = log_requests
 
 
 def build_app(
-    policy: BootPolicy,
+    booter: Booter,
     stats: Stats,
     power: PowerControl,
     catalog: Catalog,
@@ -110,7 +98,7 @@ def build_app(
 ) -> web.Application:
     """The boot network's app."""
     app = web.Application(middlewares=[profile], client_max_size=1024 * 1024)
-    share(app, policy, stats, power, catalog, log_requests)
+    share(app, booter, stats, power, catalog, log_requests)
     app.add_routes(
         [
             web.get("/boot/{name}.ipxe", boot_script),
@@ -158,68 +146,61 @@ async def profile(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 async def boot_script(request: web.Request) -> web.Response:
-    policy = request.app[POLICY]
     name = request.match_info["name"]
-    node = policy.nodes.nodes.get(name)
-    if node is None:
-        raise web.HTTPNotFound(text=f"no node named {name!r}\n")
-    address = policy.address_of(node)
-    if address is None or request.remote != str(address):
+    try:
+        script = request.app[BOOTER].script(name, request.remote or "")
+    except Refused as whom:
         quiet.log("boot script refused", logging.WARNING, "%s: refused its boot script to %s", name,
                   request.remote)  # fmt: skip
-        whom = address or "the address it shows the ProxyDHCP server (none yet)"
-        raise web.HTTPForbidden(text=f"the boot script of {name} is only for {whom}\n")
-    return web.Response(text=policy.script(node), content_type="text/plain")
+        raise web.HTTPForbidden(text=f"the boot script of {name} is only for {whom}\n") from None
+    if script is None:
+        raise web.HTTPNotFound(text=f"no node named {name!r}\n")
+    return web.Response(text=script, content_type="text/plain")
 
 
 async def discovery_script(request: web.Request) -> web.Response:
     """The minOS for a machine no node claims yet, for the address it got from the pool."""
-    policy = request.app[POLICY]
     mac = request.match_info["mac"].lower()
-    address = policy.discovery_address(mac)
-    if address is None or mac not in policy.nodes.unknown:
+    try:
+        script = request.app[BOOTER].discovery_script(mac, request.remote or "")
+    except Refused as address:
+        refusal = f"the discovery boot of {mac} is only for {address}\n"
+        raise web.HTTPForbidden(text=refusal) from None
+    if script is None:
         raise web.HTTPNotFound(text=f"no discovery boot for {mac}\n")
-    if request.remote != str(address):
-        raise web.HTTPForbidden(text=f"the discovery boot of {mac} is only for {address}\n")
-    script = policy.discovery_script(mac)
-    assert script is not None  # the machine is known, checked above
     return web.Response(text=script, content_type="text/plain")
 
 
 async def ipxe_file(request: web.Request) -> QueuedFile:
     """An iPXE binary of the node file, for UEFI HTTP boot (the rest of ipxe.dir is not
     served: TFTP serves that directory, HTTP only the binaries named)."""
-    policy = request.app[POLICY]
-    ipxe = policy.config.ipxe
+    booter = request.app[BOOTER]
+    ipxe = booter.config.ipxe
     name = request.match_info["file"]
     if name not in (ipxe.bios, ipxe.uefi, ipxe.arm64):
         raise web.HTTPNotFound(text=f"no iPXE binary {printable(name, 64)} here\n")
-    node = policy.node_for_fetch(request.remote or "")
-    if node is not None:
-        policy.nodes.mark(node, Phase.TFTP)
+    booter.fetched(request.remote or "", Phase.TFTP)
     return QueuedFile(ipxe.directory / name)
 
 
 async def minos_file(request: web.Request) -> QueuedFile:
-    policy = request.app[POLICY]
+    booter = request.app[BOOTER]
     which = request.path.rsplit("/", 1)[1]
-    node = policy.node_for_fetch(request.remote or "")
-    if node is not None:
-        policy.nodes.mark(node, Phase(which))
-    minos = policy.config.minos
+    booter.fetched(request.remote or "", Phase(which))
+    minos = booter.config.minos
     return QueuedFile(minos.kernel if which == "kernel" else minos.initrd)
 
 
 async def agent_report(request: web.Request) -> web.Response:
     payload = await read_json(request)
     try:
-        ack = request.app[NODES].report(payload)
+        ack = request.app[BOOTER].report(payload)
     except ReportRejected as rejected:
         remote = request.remote or "?"
         quiet.log("report rejected", logging.WARNING, "rejected an agent report from %s: %s",
                   remote, rejected.reason)  # fmt: skip
         return web.json_response({"error": rejected.reason}, status=rejected.status)
-    power, heartbeat = request.app[POWER], request.app[NODES].config.server.heartbeat
+    power, heartbeat = request.app[POWER], request.app[BOOTER].config.server.heartbeat
     if ack.node == DISCOVERY:
         return web.json_response(encode(Answer(ack.node, heartbeat, identity=ack.identity)))
     image, files = power.image_spec(ack.node), power.files_spec(ack.node)
@@ -321,7 +302,7 @@ async def _send_file(
     if transport is None:
         raise ConnectionResetError("connection lost")
     loop = asyncio.get_running_loop()
-    timeout = request.app[POLICY].config.server.send_timeout
+    timeout = request.app[BOOTER].config.server.send_timeout
     if transport.get_extra_info("sslcontext") is not None:
         while count > 0:
             chunk = await loop.run_in_executor(None, os.pread, file.fileno(), CHUNK, at)
@@ -430,7 +411,7 @@ async def node_file(request: web.Request) -> web.Response:
 def _node(request: web.Request, refusal: str) -> Identity:
     """The node whose boot token the request carries; 403 with `refusal` otherwise."""
     claimed = parse_node_authorization(request.headers.get("Authorization"))
-    if claimed is None or not request.app[NODES].holds_token(claimed.node, claimed.token):
+    if claimed is None or not request.app[BOOTER].holds_token(claimed.node, claimed.token):
         raise web.HTTPForbidden(text=refusal + "\n")
     return claimed
 

@@ -38,8 +38,9 @@ from layerpy.config import values
 from layerpy.consoles import KEYSTROKES, Consoles, Notice
 from layerpy.consoles.capture import SEEN_ON_ATTACH
 from layerpy.logs import Throttle
+from layerpy.nodes import NodeStore
 from layerpy.nodes.feed import GAP, Change, Subscription
-from layerpy.services.http import NODES, OPERATOR, STATS, audit
+from layerpy.services.http import OPERATOR, STATS
 from layerpy.text import printable
 from layerpy.turns import expand_in_turns
 
@@ -57,6 +58,7 @@ TAIL_DEFAULT = 64 * 1024  # bytes of a console log GET .../console answers
 TAIL_LIMIT = 4 * 1024 * 1024
 SHOWN_EXPANSION = 10_000  # names of an operator's call a filtered stream expands (a few ms)
 
+NODES: web.AppKey[NodeStore] = web.AppKey("nodes", NodeStore)  # the operators' view of the nodes
 CONSOLES: web.AppKey[Consoles] = web.AppKey("consoles", Consoles)
 ORIGINS: web.AppKey[tuple[str, ...]] = web.AppKey("origins", tuple)
 STREAMS: web.AppKey[set[Subscription]] = web.AppKey("streams", set)
@@ -71,8 +73,9 @@ PUBLIC_PATHS = {"/", *(f"/dashboard/{name}" for name in DASHBOARD_FILES)}
 
 
 def add_live_routes(
-    app: web.Application, consoles: Consoles, origins: tuple[str, ...] = ()
+    app: web.Application, nodes: NodeStore, consoles: Consoles, origins: tuple[str, ...] = ()
 ) -> None:
+    app[NODES] = nodes
     app[CONSOLES] = consoles
     app[ORIGINS] = origins
     app[STREAMS] = set()
@@ -89,6 +92,16 @@ def add_live_routes(
             web.get("/dashboard/{file}", dashboard_file),
         ]
     )
+
+
+def audit(request: web.Request, what: str, nodes: str = "") -> None:
+    """One line and one ``operator`` event per change an operator makes (operator
+    listeners only: the request carries who it is)."""
+    operator = request[OPERATOR]
+    message = f"{operator.name} from {operator.address}: {what}"
+    logging.getLogger("layerpy.api").info("%s", message)
+    fields = {"event": "operator", "who": operator.name, "from": operator.address}
+    request.app[NODES].feed.publish(nodes, "event", fields, message)
 
 
 async def whoami(request: web.Request) -> web.Response:

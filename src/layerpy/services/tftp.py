@@ -8,7 +8,8 @@ Bounded: a transfer reads its file block by block (it holds the packets in fligh
 the file), a :class:`TftpBudget` (from the descriptor plan, `layerpy.budget`) caps the
 transfers per client address and in all, with a part of them kept for known nodes'
 addresses, and one that hears nothing gives up after its retries. Refusals are counted
-and logged a few at a time.
+and logged a few at a time. What ``layerpy serve`` makes of each request's end (its
+counts, a node's boot phase) is :func:`accounting`.
 """
 
 from __future__ import annotations
@@ -23,10 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from layerpy.boot import Booter
 from layerpy.host import cannot_listen
 from layerpy.logs import Throttle
+from layerpy.model import Phase
 from layerpy.proto import tftp as proto
 from layerpy.services.datagrams import RECEIVE_SIZE, Datagrams, deep_buffers
+from layerpy.stats import Stats
 from layerpy.text import printable
 
 log = logging.getLogger("layerpy.tftp")
@@ -69,6 +73,25 @@ class TftpEvent:
     bytes: int = 0
     seconds: float = 0.0  # since the request arrived
     reason: str = ""
+
+
+def accounting(stats: Stats, booter: Booter) -> Callable[[TftpEvent], None]:
+    """The server's `on_event`. Each request is counted once, when it ends: "read" (a
+    transfer, with its service time and acknowledged bytes; failed ones are failures),
+    "denied" (refused before any data: no such file, a write, a bad mode), "refused" (over
+    the transfer budget); "malformed" counts dropped datagrams. A transfer done is the
+    TFTP phase of the boot of the node at that address."""
+
+    def account(event: TftpEvent) -> None:
+        if event.kind in ("done", "failed"):
+            ok = event.kind == "done"
+            stats.observe("tftp", "read", event.seconds, ok=ok, size=event.bytes)
+        elif event.kind in ("denied", "refused", "malformed"):
+            stats.count("tftp", event.kind, ok=False)
+        if event.kind == "done":
+            booter.fetched(event.client, Phase.TFTP)
+
+    return account
 
 
 def _socket(
