@@ -121,6 +121,7 @@ class BootPolicy:
         self._leases: LeaseTable | None = None
         self._leases = self._pool_table()
         self._ports = PortShares()  # pool holders behind relay ports
+        self.peers: tuple[str, ...] = ()  # the other instances' URLs on this segment
 
     @property
     def config(self) -> Config:
@@ -130,6 +131,11 @@ class BootPolicy:
     @property
     def base_url(self) -> str:
         return self.config.server.url
+
+    @property
+    def servers(self) -> tuple[str, ...]:
+        """Every instance serving the boot segment, this one first: the agents' servers."""
+        return (self.base_url, *(url for url in self.peers if url != self.base_url))
 
     @property
     def leases(self) -> LeaseTable | None:
@@ -401,7 +407,8 @@ class BootPolicy:
 
     def _script(self, name: str, token: str, mac: str, persist: str = "") -> str:
         heartbeat = self.config.server.heartbeat
-        layerpy = Cmdline(self.base_url, name, token, mac, heartbeat, persist=persist)
+        layerpy = Cmdline(self.base_url, name, token, mac, heartbeat, persist=persist,
+                          servers=self.servers)  # fmt: skip
         cmdline = " ".join(arg for arg in ("initrd=minos", self.config.minos.cmdline) if arg)
         cmdline += " " + layerpy.format()
         return (

@@ -220,10 +220,13 @@ async def agent_report(request: web.Request) -> web.Response:
                   remote, rejected.reason)  # fmt: skip
         return web.json_response({"error": rejected.reason}, status=rejected.status)
     power, heartbeat = request.app[POWER], request.app[NODES].config.server.heartbeat
+    servers = request.app[POLICY].servers
     if ack.node == DISCOVERY:
-        return web.json_response(encode(Answer(ack.node, heartbeat, identity=ack.identity)))
-    image, files = power.image_spec(ack.node), power.files_spec(ack.node)
-    return web.json_response(encode(Answer(ack.node, heartbeat, image, files, ack.identity)))
+        answer = Answer(ack.node, heartbeat, identity=ack.identity, servers=servers)
+    else:
+        image, files = power.image_spec(ack.node), power.files_spec(ack.node)
+        answer = Answer(ack.node, heartbeat, image, files, ack.identity, servers)
+    return web.json_response(encode(answer))
 
 
 async def image_file(request: web.Request) -> web.StreamResponse:
