@@ -664,6 +664,7 @@ def test_the_agent_moves_round_its_servers_and_says_so_once_per_move(agents, tmp
         moves = [line for line in a.lines() if "stopped answering" in line]
         assert moves == [f"layerpy-agent t1: server {url(first)} stopped answering "
                          f"([Errno 111] Connection refused); moving to {url(second)}"]  # fmt: skip
+        assert not any("rejected" in line or "unreachable" in line for line in a.lines())
         second.status = 503  # both down: round and round, one line for that
         time.sleep(1.0)
         a.wait_log("no server answers since uptime")

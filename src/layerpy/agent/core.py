@@ -460,8 +460,9 @@ class Agent:
         self._failures += 1
         if out.kind != self._failing:
             self._failing, self._since = out.kind, uptime()
-            if out.kind == "unreachable" and len(self.servers.urls) < 2:
-                self.log(f"server unreachable since uptime {self._since:.1f} s: {out.detail}")
+            if out.kind == "unreachable":
+                if len(self.servers.urls) < 2:  # with others, the move says it
+                    self.log(f"server unreachable since uptime {self._since:.1f} s: {out.detail}")
             elif out.kind == "forbidden":
                 self.log(
                     f"server refused our token ({out.detail}); retrying every {self.heartbeat:g} s"

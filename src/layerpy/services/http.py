@@ -220,7 +220,8 @@ async def agent_report(request: web.Request) -> web.Response:
                   remote, rejected.reason)  # fmt: skip
         return web.json_response({"error": rejected.reason}, status=rejected.status)
     power, heartbeat = request.app[POWER], request.app[NODES].config.server.heartbeat
-    servers = request.app[POLICY].servers
+    policy = request.app[POLICY]  # alone, it says nothing of servers: agents keep theirs
+    servers = policy.servers if policy.peers else None
     if ack.node == DISCOVERY:
         answer = Answer(ack.node, heartbeat, identity=ack.identity, servers=servers)
     else:
