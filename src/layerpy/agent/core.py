@@ -450,7 +450,7 @@ class Agent:
             if self._failing == "unreachable":
                 self.log(
                     f"server reachable again after {uptime() - self._since:.1f} s"
-                    f" ({self._failures} failed reports): {self.servers.current}"
+                    f" ({self._failures} failed reports)"
                 )
             elif self._failing:
                 self.log(f"server accepts reports again (seq {self.seq})")
