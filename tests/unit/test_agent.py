@@ -705,3 +705,19 @@ def test_the_answer_names_the_servers_to_move_to(server, agents, tmp_path) -> No
         a.wait_log(f"moving to {url(later)}")
     finally:
         later.close()
+
+
+def test_a_server_that_hangs_is_left_after_the_timeout(agents, tmp_path) -> None:
+    second = FakeServer()
+    with socket.socket() as hung:  # takes connections (the backlog), never answers
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(16)
+        try:
+            a = Running(f"http://127.0.0.1:{hung.getsockname()[1]},{url(second)}", tmp_path)
+            agents.append(a)
+            started = time.monotonic()
+            assert second.wait(1)[0]["event"] == "hello"
+            assert time.monotonic() - started < 5  # the 1 s timeout and a backoff, not more
+            a.wait_log(f"stopped answering (timed out); moving to {url(second)}")
+        finally:
+            second.close()
