@@ -537,8 +537,9 @@ class Cmdline:
     servers: tuple[str, ...] = ()  # () is (server,)
 
     def __post_init__(self) -> None:
+        """``server`` is always the first of ``servers``; either may be given."""
         self.servers = self.servers or ((self.server,) if self.server else ())
-        self.server = self.server or (self.servers[0] if self.servers else "")
+        self.server = self.servers[0] if self.servers else ""
 
     def format(self) -> str:
         """The words for the kernel command line (values are checked names, URLs, tokens)."""
@@ -611,7 +612,8 @@ class Cmdline:
             try:
                 kept.append(server_url(word, "layerpy.server"))
             except ContractError:
-                self.problems.append(f"layerpy.server={word[:70]!r} is not an http:// URL")
+                why = "is not an http:// URL (nor https://) of a host, port and path only"
+                self.problems.append(f"layerpy.server={word[:70]!r} {why}; dropped")
         self.servers = tuple(dict.fromkeys(kept))
         self.server = self.servers[0] if self.servers else ""
 
