@@ -103,6 +103,11 @@ class Booter(Protocol):
         """The node file in force."""
         ...
 
+    @property
+    def servers(self) -> tuple[str, ...]:
+        """Every instance an agent of this segment may report to, this one first."""
+        ...
+
     def tick(self) -> list[Lease]: ...
     def verdict(self, request: DhcpPacket, sender: str) -> Verdict: ...
     def apply(self, verdict: Verdict, effects: Iterable[Effect]) -> None: ...
@@ -151,6 +156,7 @@ class BootPolicy:
         self._leases: LeaseTable | None = None
         self._leases = self._pool_table()
         self._ports = PortShares()  # pool holders behind relay ports
+        self.peers: tuple[str, ...] = ()  # the other instances' URLs on this segment
 
     @property
     def config(self) -> Config:
@@ -160,6 +166,11 @@ class BootPolicy:
     @property
     def base_url(self) -> str:
         return self.config.server.url
+
+    @property
+    def servers(self) -> tuple[str, ...]:
+        """Every instance serving the boot segment, this one first: the agents' servers."""
+        return (self.base_url, *(url for url in self.peers if url != self.base_url))
 
     @property
     def leases(self) -> LeaseTable | None:
@@ -444,7 +455,8 @@ class BootPolicy:
 
     def _script(self, name: str, token: str, mac: str, persist: str = "") -> str:
         heartbeat = self.config.server.heartbeat
-        layerpy = Cmdline(self.base_url, name, token, mac, heartbeat, persist=persist)
+        layerpy = Cmdline(self.base_url, name, token, mac, heartbeat, persist=persist,
+                          servers=self.servers)  # fmt: skip
         cmdline = " ".join(arg for arg in ("initrd=minos", self.config.minos.cmdline) if arg)
         cmdline += " " + layerpy.format()
         return (

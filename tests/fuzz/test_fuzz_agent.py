@@ -162,7 +162,10 @@ words = st.one_of(
     st.sampled_from(["layerpy.server=http://10.99.0.1:8080", "layerpy.node=cn001", 'a="b c"',
                      "layerpy.heartbeat=nan", "layerpy.heartbeat=1e400", "layerpy.lldp_wait=-0",
                      "BOOTIF=01-52-54-00-99-00-11", "BOOTIF=zz", "layerpy.persist=/dev/sda1",
-                     "layerpy.persist=;rm", '"', "=", "layerpy.token=x"]),
+                     "layerpy.persist=;rm", '"', "=", "layerpy.token=x",
+                     "layerpy.server=http://10.99.0.1:8080,https://h-2.lan/lp,http://[fd00::1]:80",
+                     "layerpy.server=http://u:p@h,ftp://h,,http://h:0,http://h:70000",
+                     "layerpy.server=" + ",".join(f"http://h{i}" for i in range(12))]),
     text_or_junk,
 )  # fmt: skip
 
@@ -175,10 +178,12 @@ def test_cmdline(text: str) -> None:
     assert 0.1 <= line.heartbeat <= 3600 and 0 <= line.lldp_wait <= 3600
     assert line.bootif == "" or agent.normalize_mac(line.bootif) == line.bootif
     assert line.persist == "" or agent.is_disk(line.persist)
+    assert len(line.servers) <= agent.MAX_SERVERS and line.server == (line.servers or ("",))[0]
+    assert all(agent.server_url(url, "fuzz") == url for url in line.servers)
     event("ok" if line.ok else "problems")
     if line.ok and not any(
         ch.isspace() or ch == '"' for ch in line.server + line.node + line.token
     ):
         again = agent.Cmdline.parse(line.format())
-        assert (again.server, again.node, again.token, again.bootif, again.persist) == (
-            line.server, line.node, line.token, line.bootif, line.persist)  # fmt: skip
+        assert (again.servers, again.node, again.token, again.bootif, again.persist) == (
+            line.servers, line.node, line.token, line.bootif, line.persist)  # fmt: skip

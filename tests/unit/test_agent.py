@@ -24,9 +24,11 @@ from layerpy.agent import Agent, Log, read_cmdline
 from layerpy.agent.core import load_config, post_json
 from layerpy.agent.net import Nic
 from layerpy.proto.agent import (
+    MAX_SERVERS,
     PROTOCOL,
     Answer,
     Cmdline,
+    ContractError,
     Identity,
     encode,
     normalize_mac,
@@ -104,6 +106,63 @@ def test_cmdline_soft_problems_keep_ok() -> None:
     assert len(cfg.problems) == 3
 
 
+def test_cmdline_names_every_server_and_one_stays_todays_form() -> None:
+    one = Cmdline("http://10.99.0.1:8080", "cn001", "tok", "52:54:00:12:34:56", 2.0)
+    assert one.format() == (  # byte for byte what agents before several servers read
+        "layerpy.server=http://10.99.0.1:8080 layerpy.node=cn001 layerpy.token=tok"
+        " layerpy.heartbeat=2 BOOTIF=01-52-54-00-12-34-56"
+    )
+    assert Cmdline.parse(one.format()).servers == ("http://10.99.0.1:8080",)
+    urls = ("http://10.99.0.1:8080", "https://head-2.example.org/lp", "http://[fd00::2]:80")
+    many = Cmdline("", "cn001", "tok", servers=urls)
+    assert many.server == urls[0]
+    assert "layerpy.server=" + ",".join(urls) + " " in many.format()
+    back = Cmdline.parse(many.format())
+    assert back.ok and back.problems == []
+    assert (back.server, back.servers) == (urls[0], urls)
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        "http://user:secret@10.0.0.1",  # credentials
+        "ftp://10.0.0.1",
+        "http://10.0.0.1:99999",  # no such port
+        "http://10.0.0.1/a?b=c",  # a query
+        "http://10.0.0.1/" + "a" * 300,  # too long
+        "http://-bad-.host",
+        "http://10.0.0.1/\x1b[2J",  # escapes for a terminal
+        "javascript:alert(1)",
+        "http:///path",
+    ],
+)
+def test_cmdline_drops_a_forged_server_and_says_so(forged: str) -> None:
+    cfg = Cmdline.parse(f"layerpy.server=http://10.99.0.1:8080,{forged} layerpy.node=n")
+    assert cfg.ok and cfg.servers == ("http://10.99.0.1:8080",)  # the good one is kept
+    assert len(cfg.problems) == 1 and "is not an http:// URL" in cfg.problems[0]
+    alone = Cmdline.parse(f"layerpy.server={forged} layerpy.node=n")
+    assert not alone.ok and alone.servers == ()
+
+
+def test_cmdline_keeps_at_most_max_servers_once_each() -> None:
+    urls = [f"http://10.99.0.{i}:8080" for i in range(1, 13)]
+    cfg = Cmdline.parse(f"layerpy.server={','.join(urls)},{urls[0]} layerpy.node=n")
+    assert cfg.servers == tuple(urls[:MAX_SERVERS])
+    assert any(f"keeping the first {MAX_SERVERS}" in p for p in cfg.problems)
+    doubled = Cmdline.parse(f"layerpy.server={urls[0]},{urls[0]}/,{urls[1]} layerpy.node=n")
+    assert doubled.servers == tuple(urls[:2]) and doubled.problems == []
+
+
+def test_answer_servers_are_optional_and_checked() -> None:
+    old = {"node": "cn001", "heartbeat": 5, "protocol": "1.1"}  # a server before 1.2
+    assert Answer.from_json(old).servers is None
+    new = Answer.from_json(old | {"servers": ["http://a:1", "http://b:1/"]})
+    assert new.servers == ("http://a:1", "http://b:1")
+    for bad in ([], ["http://a:1"] * (MAX_SERVERS + 1), ["http://u:p@a"], "http://a", [1]):
+        with pytest.raises(ContractError, match=r"answer\.servers"):
+            Answer.from_json(old | {"servers": bad})
+
+
 @pytest.mark.parametrize(
     ("raw", "mac"),
     [
@@ -162,6 +221,7 @@ class FakeServer:
         self.heartbeat: float | None = 0.2
         self.identity: Identity | None = None
         self.protocol = "1.0"
+        self.servers: list[str] | None = None
         self.cond = threading.Condition()
         owner = self
 
@@ -176,9 +236,8 @@ class FakeServer:
                 data = b"{}"
                 if owner.status == 200 and owner.heartbeat is not None:
                     node = body.get("node") or "t1"
-                    answer = Answer(
-                        node, owner.heartbeat, identity=owner.identity, protocol=owner.protocol
-                    )
+                    answer = Answer(node, owner.heartbeat, identity=owner.identity,
+                                    servers=owner.servers, protocol=owner.protocol)  # fmt: skip
                     data = json.dumps(encode(answer)).encode()
                 self.send_response(owner.status)
                 self.send_header("Content-Type", "application/json")
@@ -207,9 +266,10 @@ class FakeServer:
 class Running:
     """An Agent looping in a thread until stopped; its log lines are kept."""
 
-    def __init__(self, port: int, state_dir, extra: str = "", **kw: object) -> None:
+    def __init__(self, port: int | str, state_dir, extra: str = "", **kw: object) -> None:
+        server = f"http://127.0.0.1:{port}" if isinstance(port, int) else port
         self.cfg = Cmdline.parse(
-            f"layerpy.server=http://127.0.0.1:{port} layerpy.node=t1 layerpy.token=tok "
+            f"layerpy.server={server} layerpy.node=t1 layerpy.token=tok "
             f"BOOTIF=01-52-54-00-12-34-56 {extra}"
         )
         self.out = io.StringIO()
@@ -580,3 +640,84 @@ def test_heartbeats_and_retries_are_spread(tmp_path) -> None:
         agent._next_delay(Outcome("ok"))
         firsts.add(agent._next_delay(Outcome("unreachable")))
     assert len(firsts) > 40 and all(0.5 <= d <= 1 for d in firsts)
+
+
+# -- several servers ----------------------------------------------------------------------
+
+
+def url(server: FakeServer) -> str:
+    return f"http://127.0.0.1:{server.port}"
+
+
+def test_the_agent_moves_round_its_servers_and_says_so_once_per_move(agents, tmp_path) -> None:
+    first, second = FakeServer(), FakeServer()
+    try:
+        a = Running(f"{url(first)},{url(second)}", tmp_path)
+        agents.append(a)
+        first.wait(2)
+        assert second.reports == []  # the first answers: the agent stays with it
+        first.close()
+        moved_at = time.monotonic()
+        n = second.wait(3)[0]
+        assert time.monotonic() - moved_at < 5, "the move took longer than a few backoffs"
+        assert n["event"] == "heartbeat" and n["seq"] > 2  # the same boot, carried on
+        moves = [line for line in a.lines() if "stopped answering" in line]
+        assert moves == [f"layerpy-agent t1: server {url(first)} stopped answering "
+                         f"([Errno 111] Connection refused); moving to {url(second)}"]  # fmt: skip
+        assert not any("rejected" in line or "unreachable" in line for line in a.lines())
+        second.status = 503  # both down: round and round, one line for that
+        time.sleep(1.0)
+        a.wait_log("no server answers since uptime")
+        assert sum("no server answers" in line for line in a.lines()) == 1, a.lines()
+        assert sum("stopped answering" in line for line in a.lines()) == 2, a.lines()
+        first = FakeServer(first.port)  # the first comes back: used when it is its turn
+        first.wait(1)
+        a.wait_log("reachable again after")
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_refusal_is_an_answer_and_moves_nothing(agents, tmp_path) -> None:
+    first, second = FakeServer(), FakeServer()
+    try:
+        first.status = 403
+        a = Running(f"{url(first)},{url(second)}", tmp_path, "layerpy.heartbeat=0.1")
+        agents.append(a)
+        first.wait(4)
+        a.wait_log("server refused our token")
+        assert second.reports == [] and not any("moving" in line for line in a.lines())
+    finally:
+        first.close()
+        second.close()
+
+
+def test_the_answer_names_the_servers_to_move_to(server, agents, tmp_path) -> None:
+    """An agent booted knowing one instance learns of another that joined since."""
+    later = FakeServer()
+    try:
+        server.servers = [url(server), url(later)]
+        a = Running(server.port, tmp_path)
+        agents.append(a)
+        a.wait_log(f"servers are now {url(server)}, {url(later)} (from server)")
+        server.close()
+        later.wait(1)
+        a.wait_log(f"moving to {url(later)}")
+    finally:
+        later.close()
+
+
+def test_a_server_that_hangs_is_left_after_the_timeout(agents, tmp_path) -> None:
+    second = FakeServer()
+    with socket.socket() as hung:  # takes connections (the backlog), never answers
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(16)
+        try:
+            a = Running(f"http://127.0.0.1:{hung.getsockname()[1]},{url(second)}", tmp_path)
+            agents.append(a)
+            started = time.monotonic()
+            assert second.wait(1)[0]["event"] == "hello"
+            assert time.monotonic() - started < 5  # the 1 s timeout and a backoff, not more
+            a.wait_log(f"stopped answering (timed out); moving to {url(second)}")
+        finally:
+            second.close()

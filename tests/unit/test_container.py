@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -749,3 +750,18 @@ def test_odd_files_in_the_image_neither_hang_nor_stop_the_agent(
     keyed = node_files({"/etc/key": (b"k", 0o400, "munge:munge", None)})
     a.want(spec, keyed)
     a.wait(lambda r: "the image has no user 'munge'" in (a.r.files().error or ""))
+
+
+def test_a_pull_follows_the_agent_to_another_server(tmp_path: Path, agent, image, server) -> None:
+    """The agent moved to another instance: the image comes from there, and a pull that
+    failed on the old one is retried at once, not after its backoff."""
+    with socket.socket() as gone:  # bound, not listening: connections are refused
+        gone.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{gone.getsockname()[1]}"
+        a = agent(pull_backoff=(60.0, 60.0))
+        a.r.use(dead)
+        spec = image("MOVED")
+        a.want({**spec, "url": spec["url"].replace(server[1], dead)})
+        a.wait(lambda r: any("retrying in 60 s" in line for line in a.lines), timeout=30.0)
+        a.r.use(server[1])
+        a.wait(lambda r: r["state"] == "active" and r["container_pid"] is not None, timeout=20.0)

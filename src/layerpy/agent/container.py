@@ -121,6 +121,19 @@ class Runner:
                 self._want, self._want_key = spec, key
         self._kick()
 
+    def use(self, server: str) -> None:
+        """Fetch from this server from now on (the agent moved to it): the wanted image's
+        URL moves too when it was the old server's, and a failed pull or files fetch is
+        retried at once. The container runs on."""
+        old, self.server = self.server, server
+        with self._state_lock:
+            spec = self._want
+            if old and spec is not None and spec.url.startswith(old + "/"):
+                self._want = dataclasses.replace(spec, url=server + spec.url[len(old) :])
+            self._retry_at = 0.0
+            if self._files_failing is not None:
+                self._files_failing = (*self._files_failing[:2], 0.0)
+
     def tick(self) -> None:
         """Reap and restart a dead container, start pending pulls; skips while a swap runs."""
         if self._lock.acquire(blocking=False):

@@ -3,7 +3,9 @@
 Observations flow up (identity, MAC, IP, the switch port heard by LLDP, boot timeline),
 intent flows down (heartbeat interval, image, and a node's identity for a machine booted
 to be discovered). The loop never exits: a node whose server is away keeps running and
-keeps trying, without flooding the console or the network.
+keeps trying, without flooding the console or the network. With several instances serving
+the segment it moves to the next when its own stops answering (``servers``); the
+container runs on, whoever answers.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ import layerpy
 from layerpy.agent import lldp
 from layerpy.agent.container import NODE_DIR, Runner
 from layerpy.agent.net import Nic, pick_interface, source_address
+from layerpy.agent.servers import Servers
 from layerpy.proto.agent import (
+    REPORT_PATH,
     Answer,
     Cmdline,
     ContractError,
@@ -168,10 +172,11 @@ class Agent:
         listen: Callable[[str, float, list[str]], Neighbor | None] = lldp.listen,
     ) -> None:
         self.cfg = cfg
+        self.servers = Servers(cfg.servers)
         self.runner = runner
         if runner is not None:
             runner.authorization = node_authorization(Identity(cfg.node, cfg.token))
-            runner.server = cfg.server
+            runner.use(self.servers.current)
         self.log = log
         self.no_net = no_net
         self.state_dir = state_dir
@@ -201,6 +206,7 @@ class Agent:
         self._since = 0.0
         self._failures = 0
         self._backoff = backoff_min
+        self._none_answers = False  # said that no server answers, in this run of failures
         self._load_state()
 
     # -- state that survives an agent restart within one boot (kept on tmpfs) --
@@ -272,7 +278,7 @@ class Agent:
         if self.nic is not None:
             mac, ip = self.nic.mac, self.nic.address()
         else:
-            url = urllib.parse.urlsplit(self.cfg.server)
+            url = urllib.parse.urlsplit(self.servers.current)
             mac, ip = self.cfg.bootif, source_address(url.hostname or "", url.port or 80)
         busy = "busy" if os.path.exists(os.path.join(self.state_dir, BUSY)) else "free"
         facts = {"mac": mac, "ip": ip, "hostname": socket.gethostname(), "busy": busy}
@@ -316,14 +322,15 @@ class Agent:
         else:
             event = Event.HEARTBEAT
         self.seq += 1
-        out = post_json(self.cfg.report_url, encode(self.body(obs, event)), self.timeout)
+        server = self.servers.current
+        out = post_json(server + REPORT_PATH, encode(self.body(obs, event)), self.timeout)
         if out.kind == "ok":
             self.sent = obs
             answer = self._read_answer(out.body)
             if event == Event.HELLO:
                 self.hello_done = True
                 self.log(
-                    f"hello accepted by {self.cfg.server} (seq {self.seq}, ip {obs['ip'] or '-'},"
+                    f"hello accepted by {server} (seq {self.seq}, ip {obs['ip'] or '-'},"
                     f" heartbeat {self.heartbeat:g} s)"
                 )
             elif event == Event.CHANGE:
@@ -352,6 +359,8 @@ class Agent:
         if answer.heartbeat != self.heartbeat:
             self.log(f"heartbeat is now {answer.heartbeat:g} s (from server)")
             self.heartbeat = answer.heartbeat
+        if answer.servers is not None and self.servers.update(answer.servers):
+            self.log(f"servers are now {', '.join(answer.servers)} (from server)")
         if self.runner is not None:
             self.runner.want(answer.image, answer.files)
         return answer
@@ -434,6 +443,9 @@ class Agent:
 
     def _next_delay(self, out: Outcome) -> float:
         """Seconds until the next report; logs transitions, not every failed attempt."""
+        if out.kind != "unreachable":  # an answer, even a refusal: this server is up
+            self.servers.answered()
+            self._none_answers = False
         if out.kind == "ok":
             if self._failing == "unreachable":
                 self.log(
@@ -449,7 +461,8 @@ class Agent:
         if out.kind != self._failing:
             self._failing, self._since = out.kind, uptime()
             if out.kind == "unreachable":
-                self.log(f"server unreachable since uptime {self._since:.1f} s: {out.detail}")
+                if len(self.servers.urls) < 2:  # with others, the move says it
+                    self.log(f"server unreachable since uptime {self._since:.1f} s: {out.detail}")
             elif out.kind == "forbidden":
                 self.log(
                     f"server refused our token ({out.detail}); retrying every {self.heartbeat:g} s"
@@ -458,11 +471,28 @@ class Agent:
                 self.log(f"server rejected the report ({out.detail}); retrying")
         if out.kind != "unreachable":
             return self.heartbeat
+        self._move(out.detail)
         # capped exponential backoff, jittered: a thousand nodes that lost the server at
         # once must not come back at once
         delay = min(self._backoff, self.heartbeat) * random.uniform(0.5, 1.0)
         self._backoff = min(self._backoff * 2, self.heartbeat)
         return delay
+
+    def _move(self, detail: str) -> None:
+        """Report to the next server round the list: one line per move, and one when every
+        server failed (then the agent goes on round the list quietly)."""
+        was = self.servers.current
+        move = self.servers.failed()
+        if move is None:
+            return
+        following, new = move
+        if new:
+            self.log(f"server {was} stopped answering ({detail}); moving to {following}")
+        elif not self._none_answers:
+            self._none_answers = True
+            self.log(f"no server answers since uptime {self._since:.1f} s; trying each in turn")
+        if self.runner is not None:
+            self.runner.use(following)
 
     def run(self) -> None:
         """Bring up the network, listen for LLDP aside, then report until ``stopped()``."""
@@ -532,7 +562,7 @@ def main() -> None:
     while True:
         try:
             cfg = load_config(log, time.sleep, lambda: False)
-            log(f"server {cfg.server}, boot interface {cfg.bootif or 'first Ethernet'}")
+            log(f"server {', '.join(cfg.servers)}, boot interface {cfg.bootif or 'first Ethernet'}")
             state_dir = os.environ.get("LAYERPY_STATE_DIR", STATE_DIR)
             runner = Runner(state_dir, log, cfg.node, persist_disk=cfg.persist)
             Agent(

@@ -21,7 +21,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
-PROTOCOL = "1.1"  # 1.1: files and persistent paths
+PROTOCOL = "1.2"  # 1.1: files and persistent paths; 1.2: the answer's servers
 REPORT_PATH = "/api/v1/agent/report"
 FILES_PATH = "/api/v1/agent/files/"  # + a file's digest: one of the node's own files
 HEARTBEAT = 5.0  # seconds between reports unless the node file says otherwise
@@ -30,6 +30,7 @@ MAX_TEXT = 500  # characters kept of free text (errors, names) from the other si
 MAX_TIMELINE = 16  # entries in an agent's timeline
 MAX_FILES = 256  # files a node gets; paths an image keeps across image changes
 MAX_FILE = 1 << 20  # bytes of one of a node's files (a template, a secret, a rendered file)
+MAX_SERVERS = 8  # instances an agent knows for its segment
 
 _NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 _TOKEN = re.compile(r"[A-Za-z0-9_=-]{1,128}")
@@ -40,6 +41,12 @@ _REVISION = re.compile(r"[0-9a-f]{16}")
 _DISK = re.compile(r"/dev/[A-Za-z0-9/_.-]{1,60}|LABEL=[A-Za-z0-9_.-]{1,16}")
 OWNER = re.compile(r"(?:[a-z_][a-z0-9_-]{0,31}|\d{1,9}):(?:[a-z_][a-z0-9_-]{0,31}|\d{1,9})")
 _IPV4 = re.compile(r"((25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(25[0-5]|2[0-4]\d|1?\d?\d)")
+# a server's base URL: http(s), a host name or address (IPv6 in brackets), a port, a plain
+# path; no credentials, query or fragment (and no comma: the command line's separator)
+_SERVER = re.compile(
+    r"https?://([A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\])"
+    r"(:[1-9][0-9]{0,4})?(/[A-Za-z0-9._~/%-]{0,200})?"
+)
 
 
 def is_disk(value: str) -> bool:
@@ -236,6 +243,24 @@ def _ip(value: Any, where: str) -> str:
     return value if value == "" else _pattern(_IPV4, "an IPv4 address")(value, where)
 
 
+def server_url(value: Any, where: str) -> str:
+    """A server's base URL, without the trailing slash; strict, as a forged one reaches
+    every request the agent makes."""
+    url = _kind(value, str, "a string", where)
+    match = _SERVER.fullmatch(url)
+    if not match or int((match.group(3) or ":0")[1:]) > 65535:
+        raise ContractError(f"{where} is not an http(s) URL of a server: {url[:60]!r}")
+    return url.rstrip("/")
+
+
+def _servers(value: Any, where: str) -> tuple[str, ...]:
+    """1 to ``MAX_SERVERS`` distinct server URLs, in order."""
+    items = _kind(value, (list, tuple), "a list", where)
+    if not 0 < len(items) <= MAX_SERVERS:
+        raise ContractError(f"{where} must name 1 to {MAX_SERVERS} servers, not {len(items)}")
+    return tuple(dict.fromkeys(server_url(item, f"{where}[{i}]") for i, item in enumerate(items)))
+
+
 def _mac(value: Any, where: str) -> str:
     return _pattern(_MAC, "a MAC address like 52:54:00:12:34:56")(
         _kind(value, str, "a string", where).lower(), where
@@ -419,6 +444,9 @@ class Answer:
     image: ImageSpec | None = _field(_optional(_record(ImageSpec)), None)
     files: FilesSpec | None = _field(_optional(_record(FilesSpec)), None)  # None: no word
     identity: Identity | None = _field(_optional(_record(Identity)), None)
+    # every instance serving the node's segment (1.2): who the agent moves to when its own
+    # stops answering; None: no word, keep the list it has
+    servers: tuple[str, ...] | None = _field(_optional(_servers), None)
     protocol: str = _field(_text, PROTOCOL)
 
     @classmethod
@@ -491,7 +519,11 @@ def normalize_mac(value: str) -> str:
 class Cmdline:
     """The minOS's settings, all from the kernel command line (like Kraken's ``kraken.*``):
     the agent needs no config file and no fetched state to start. Parsing never fails:
-    ``problems`` says what is missing or ignored."""
+    ``problems`` says what is missing or ignored.
+
+    ``layerpy.server=`` names every instance serving the node's segment, comma-separated
+    (one URL is the whole of it with a single server): ``server`` is the first,
+    ``servers`` all of them in order."""
 
     server: str = ""
     node: str = ""
@@ -502,11 +534,17 @@ class Cmdline:
     persist: str = ""  # the disk for persistent paths (/dev/... or LABEL=...), "" for RAM
     params: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    servers: tuple[str, ...] = ()  # () is (server,)
+
+    def __post_init__(self) -> None:
+        """``server`` is always the first of ``servers``; either may be given."""
+        self.servers = self.servers or ((self.server,) if self.server else ())
+        self.server = self.servers[0] if self.servers else ""
 
     def format(self) -> str:
         """The words for the kernel command line (values are checked names, URLs, tokens)."""
         words = [
-            f"layerpy.server={self.server}",
+            f"layerpy.server={','.join(self.servers)}",
             f"layerpy.node={self.node}",
             f"layerpy.token={self.token}",
             f"layerpy.heartbeat={self.heartbeat:g}",
@@ -531,16 +569,12 @@ class Cmdline:
                 params.setdefault(key, "")
         get = params.get
         line = cls(
-            server=get("layerpy.server", "").rstrip("/"),
             node=get("layerpy.node", ""),
             token=get("layerpy.token", ""),
             bootif=normalize_mac(get("BOOTIF", "")),
             params=params,
         )
-        if not line.server:
-            line.problems.append("layerpy.server= is missing")
-        elif not line.server.startswith(("http://", "https://")):
-            line.problems.append(f"layerpy.server={line.server} is not an http:// URL")
+        line._parse_servers(get("layerpy.server", ""))
         if not line.node:
             line.problems.append("layerpy.node= is missing")
         if "BOOTIF" in params and not line.bootif:
@@ -564,10 +598,29 @@ class Cmdline:
                 line.problems.append(f"layerpy.{key}={raw} is not a number of seconds")
         return line
 
+    def _parse_servers(self, raw: str) -> None:
+        """Keep every valid URL of the first ``MAX_SERVERS``; say what was dropped."""
+        if not raw:
+            self.problems.append("layerpy.server= is missing")
+            return
+        words = raw.split(",")
+        if len(words) > MAX_SERVERS:
+            self.problems.append(f"layerpy.server= names {len(words)} servers; "
+                                 f"keeping the first {MAX_SERVERS}")  # fmt: skip
+        kept: list[str] = []
+        for word in words[:MAX_SERVERS]:
+            try:
+                kept.append(server_url(word, "layerpy.server"))
+            except ContractError:
+                why = "is not an http:// URL (nor https://) of a host, port and path only"
+                self.problems.append(f"layerpy.server={word[:70]!r} {why}; dropped")
+        self.servers = tuple(dict.fromkeys(kept))
+        self.server = self.servers[0] if self.servers else ""
+
     @property
     def ok(self) -> bool:
         """Server and node are present and sane; a bad BOOTIF or heartbeat is not fatal."""
-        return bool(self.node) and self.server.startswith(("http://", "https://"))
+        return bool(self.node) and bool(self.servers)
 
     @property
     def report_url(self) -> str:

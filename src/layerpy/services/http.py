@@ -200,11 +200,16 @@ async def agent_report(request: web.Request) -> web.Response:
         quiet.log("report rejected", logging.WARNING, "rejected an agent report from %s: %s",
                   remote, rejected.reason)  # fmt: skip
         return web.json_response({"error": rejected.reason}, status=rejected.status)
-    power, heartbeat = request.app[POWER], request.app[BOOTER].config.server.heartbeat
+    booter = request.app[BOOTER]
+    power, heartbeat = request.app[POWER], booter.config.server.heartbeat
+    servers = booter.servers  # alone, it says nothing of servers: agents keep theirs
+    servers = servers if len(servers) > 1 else None
     if ack.node == DISCOVERY:
-        return web.json_response(encode(Answer(ack.node, heartbeat, identity=ack.identity)))
-    image, files = power.image_spec(ack.node), power.files_spec(ack.node)
-    return web.json_response(encode(Answer(ack.node, heartbeat, image, files, ack.identity)))
+        answer = Answer(ack.node, heartbeat, identity=ack.identity, servers=servers)
+    else:
+        image, files = power.image_spec(ack.node), power.files_spec(ack.node)
+        answer = Answer(ack.node, heartbeat, image, files, ack.identity, servers)
+    return web.json_response(encode(answer))
 
 
 async def image_file(request: web.Request) -> web.StreamResponse:
