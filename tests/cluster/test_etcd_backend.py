@@ -183,10 +183,17 @@ def test_writes_queued_while_quorum_is_lost_land_in_order(
             await asyncio.to_thread(cluster.heal)
             await asyncio.wait_for(a.flush(), 30)
             landed: list[str] = []
-            async for events in a._etcd.watch(f"{prefix}/leases/", start):
-                landed += [event.kv.key for event in events]
-                if len(landed) >= 99:
-                    break
+            watch = a._etcd.watch(f"{prefix}/leases/", start)
+            try:
+                async with asyncio.timeout(20):
+                    async for events in watch:
+                        landed += [event.kv.key for event in events]
+                        if len(landed) >= 99:
+                            break
+            except TimeoutError:
+                raise AssertionError(f"{len(landed)} of 99 queued writes landed") from None
+            finally:
+                await watch.aclose()
             assert landed == [f"{prefix}/leases/10.2.0.{i}" for i in range(100) if i != 50]
 
     instance.run(scenario)
