@@ -197,3 +197,53 @@ def test_writes_queued_while_quorum_is_lost_land_in_order(
             assert landed == [f"{prefix}/leases/10.2.0.{i}" for i in range(100) if i != 50]
 
     instance.run(scenario)
+
+
+def test_a_watch_that_lost_its_history_reads_everything_again(
+    cluster: EtcdCluster, instance: Instance, prefix: str
+) -> None:
+    """a watches through m0 only; while m0 is down b changes records and the history is
+    compacted: a's watch comes back to Compacted, reads every record again and tells the
+    differences."""
+    m0, m1 = cluster.members[0], cluster.members[1]
+
+    async def scenario() -> None:
+        etcd_a, etcd_b = Etcd([m0.url]), Etcd([m1.url, cluster.members[2].url])
+        await etcd_a.open()
+        await etcd_b.open()
+        a, b = EtcdBackend(etcd_a, "a", prefix), EtcdBackend(etcd_b, "b", prefix)
+        await a.open()
+        await b.open()
+        try:
+            heard: list[tuple] = []
+            a.on_change(lambda *change: heard.append(change))
+            b.put("tokens", "gone", {"v": 1})
+            b.put("tokens", "kept", {"v": 1})
+            await b.flush()
+            await until(lambda: len(a.load("tokens")) == 2, "a to see b's first records")
+            await asyncio.to_thread(m0.stop)
+            b.delete("tokens", "gone")
+            b.put("tokens", "kept", {"v": 2})
+            b.put("tokens", "new", {"v": 1})
+            await b.flush()
+            now = await etcd_b.put(f"{prefix}/marker", b"")
+            compacted = await asyncio.to_thread(cluster.etcdctl, m1, "compact", str(now))
+            assert compacted.returncode == 0, compacted.stderr
+            await asyncio.to_thread(m0.start)
+            final = {"kept": {"v": 2}, "new": {"v": 1}}
+            await until(lambda: a.load("tokens") == final, "a to read every record again", 60)
+            assert sorted(heard[2:], key=repr) == sorted(
+                [
+                    ("tokens", "gone", None),
+                    ("tokens", "kept", {"v": 2}),
+                    ("tokens", "new", {"v": 1}),
+                ],
+                key=repr,
+            )
+        finally:
+            for opened in (a, b):
+                await opened.close()
+            await etcd_a.close()
+            await etcd_b.close()
+
+    instance.run(scenario)
