@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 # gRPC status codes etcd answers with (google.golang.org/grpc/codes)
+CANCELLED = 1  # "grpc: the client connection is closing": the member is stopping
 DEADLINE_EXCEEDED = 4
 UNAVAILABLE = 14  # "no leader", "request timed out", "leader changed"
 UNAUTHENTICATED = 16  # "invalid auth token": the token expired or this member never issued it
-RETRY_CODES = frozenset({DEADLINE_EXCEEDED, UNAVAILABLE})
+RETRY_CODES = frozenset({CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE})  # the next member may serve
 
 
 class EtcdError(Exception):
