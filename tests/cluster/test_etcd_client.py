@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 
 from layerpy.cluster.etcd import (
+    WATCH_IDLE,
     Compacted,
     Compare,
     Etcd,
@@ -301,3 +302,34 @@ def _wait(condition, what: str, timeout: float = 30) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"waited {timeout} s for {what}")
         time.sleep(0.1)
+
+
+def test_a_watch_leaves_a_member_that_lost_its_leader(
+    cluster: EtcdCluster, instance: Instance
+) -> None:
+    """The watch's member is cut off from its peers: etcd ends the stream (the watch asked
+    for a leader) and the watch goes on from another member, well before its idle probe."""
+
+    async def scenario() -> float:
+        writer, watcher = Etcd(cluster.endpoints), Etcd(cluster.endpoints)
+        await writer.open()
+        await watcher.open()
+        watch = watcher.watch("/t7/", await writer.put("/t7-start", b"") + 1)
+        try:
+            watcher._current, writer._current = 0, 1
+            first = asyncio.ensure_future(anext(watch))
+            await writer.put("/t7/a", b"1")
+            assert [e.kv.key for e in await asyncio.wait_for(first, 10)] == ["/t7/a"]
+            await asyncio.to_thread(cluster.members[0].isolate)
+            started = time.monotonic()
+            await writer.put("/t7/b", b"2")
+            assert [e.kv.key for e in await asyncio.wait_for(anext(watch), 30)] == ["/t7/b"]
+            assert watcher.endpoint != cluster.members[0].url
+            return time.monotonic() - started
+        finally:
+            await watch.aclose()
+            await writer.close()
+            await watcher.close()
+
+    took = instance.run(scenario)
+    assert took < WATCH_IDLE, f"the watch took {took:.1f} s to leave the leaderless member"
