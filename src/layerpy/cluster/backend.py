@@ -100,7 +100,8 @@ class EtcdBackend:
         if expected is None:
             compare = Compare.version(name, "==", 0)
         else:
-            compare = Compare.mod_revision(name, "==", self._seen[kind, key][1])
+            # unknown (a write etcd refused): 0 fails, and the failure's read teaches us
+            compare = Compare.mod_revision(name, "==", self._seen.get((kind, key), (0, 0))[1])
         return await self._swap(kind, key, record, compare)
 
     async def flush(self) -> None:
