@@ -18,6 +18,7 @@ read) is applied and reported once.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 from collections import OrderedDict
@@ -212,7 +213,7 @@ class EtcdBackend:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            batch = list(self._queue.items())[:size]
+            batch = list(itertools.islice(self._queue.items(), size))  # not the whole queue
             ops = [
                 Op.delete(self._key(*where)) if value is None else Op.put(self._key(*where), value)
                 for where, value in batch
