@@ -96,7 +96,7 @@ def test_tls_and_credentials(folder: Path) -> None:
 [cluster]
 etcd = ["HTTPS://etcd1.example.com:2379/", "https://[fd00::5]:2379"]
 name = "head-2"
-segment = "rack-12"
+segment = "10.99.0.128/25"
 prefix = "/site/layerpy"
 lease_ttl = 10
 ca = "ca.pem"
@@ -111,7 +111,7 @@ password_file = "password"
     assert cluster is not None
     assert cluster.etcd == ("https://etcd1.example.com:2379", "https://[fd00::5]:2379")
     assert (cluster.name, cluster.segment, cluster.prefix, cluster.lease_ttl) == (
-        "head-2", "rack-12", "/site/layerpy", 10
+        "head-2", "10.99.0.128/25", "/site/layerpy", 10
     )  # fmt: skip
     assert (cluster.ca, cluster.cert, cluster.key) == (
         folder / "ca.pem", folder / "cert.pem", folder / "key.pem"
@@ -174,11 +174,18 @@ BROKEN = {
             "after the last part"
         ],
     ),
-    "segment with a space": (
-        'etcd = ["http://10.98.0.1:2379"]\nname = "a"\nsegment = "rack 1"',
+    "segment not a subnet": (
+        'etcd = ["http://10.98.0.1:2379"]\nname = "a"\nsegment = "rack-1"',
         [
-            "nodes.toml:30: cluster.segment: 'rack 1' must be 1 to 64 letters, digits and '.', "
-            "'_', ':', '/', '-' (like 10.99.0.0/24 or rack-12)"
+            "nodes.toml:30: cluster.segment: 'rack-1' is not an IPv4 subnet like 10.99.0.0/24 "
+            "(Expected 4 octets in 'rack-1')"
+        ],
+    ),
+    "segment outside the network": (
+        'etcd = ["http://10.98.0.1:2379"]\nname = "a"\nsegment = "10.99.0.0/16"',
+        [
+            "nodes.toml:30: cluster.segment: 10.99.0.0/16 is not inside network.subnet "
+            "10.99.0.0/24: this instance would serve none of the nodes"
         ],
     ),
     "https without ca": (
@@ -268,7 +275,7 @@ def parsed(text: str) -> dict:
 HEAD1 = BASE + CLUSTER
 HEAD2 = (
     HEAD1.replace('address = "10.99.0.1"', 'address = "10.99.0.2"\nhttp_port = 8081')
-    .replace('name = "head1"', 'name = "head2"\nsegment = "rack-2"')
+    .replace('name = "head1"', 'name = "head2"\nsegment = "10.99.0.0/25"')
 )  # fmt: skip
 
 
@@ -351,7 +358,7 @@ def test_combined_takes_own_settings_and_leaves_both_files_alone() -> None:
     own, cluster = parsed(HEAD2), parsed(HEAD1.replace('image = "base"', 'image = "other"'))
     both = combined(own, cluster)
     assert both["server"] == own["server"]
-    assert (both["cluster"]["name"], both["cluster"]["segment"]) == ("head2", "rack-2")
+    assert (both["cluster"]["name"], both["cluster"]["segment"]) == ("head2", "10.99.0.0/25")
     assert both["groups"]["compute"]["image"] == "other"
     assert cluster["cluster"]["name"] == "head1" and "segment" not in cluster["cluster"]
     # an own setting this instance leaves out takes its default here, not the other's
@@ -364,7 +371,7 @@ def test_parse_shared_runs_the_cluster_file_with_own_settings(folder: Path) -> N
     config = parse_shared(theirs, HEAD2, path)
     assert config.server.address.exploded == "10.99.0.2" and config.server.http_port == 8081
     assert config.cluster is not None
-    assert (config.cluster.name, config.cluster.segment) == ("head2", "rack-2")
+    assert (config.cluster.name, config.cluster.segment) == ("head2", "10.99.0.0/25")
     assert config.nodes["cn001"].image == "other"
     assert config.minos.kernel == folder / "vmlinuz"  # relative to this instance's file
 

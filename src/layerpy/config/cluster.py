@@ -34,8 +34,13 @@ def read(r: Reader, data: dict[str, Any], network: NetworkConfig | None) -> Clus
     get = r.getter(table, "cluster")
     etcd = get("etcd", list, values.etcd_urls, required=True)
     name = get("name", str, values.label, required=True)
-    subnet = str(network.subnet) if network is not None else None
-    segment = get("segment", str, values.segment, default=subnet)
+    segment = get("segment", str, values.subnet)
+    if segment is not None and network is not None and not segment.subnet_of(network.subnet):
+        r.problem(
+            "cluster.segment",
+            f"{segment} is not inside network.subnet {network.subnet}: this instance would "
+            "serve none of the nodes",
+        )
     prefix = get("prefix", str, values.key_prefix, default=ClusterConfig.prefix)
     lease_ttl = get("lease_ttl", int, values.lease_ttl, default=ClusterConfig.lease_ttl)
     tls = {key: get(key, str, r.path) for key in ("ca", "cert", "key")}
@@ -51,10 +56,10 @@ def read(r: Reader, data: dict[str, Any], network: NetworkConfig | None) -> Clus
             f"the password would cross the network in clear to {', '.join(clear)}: "
             "use https:// members (and ca)",
         )
-    if etcd is None or name is None or segment is None:
+    if etcd is None or name is None or network is None:
         return None
-    return ClusterConfig(etcd, name, segment, prefix, lease_ttl, tls["ca"], tls["cert"],
-                         tls["key"], user, password)  # fmt: skip
+    return ClusterConfig(etcd, name, str(segment or network.subnet), prefix, lease_ttl,
+                         tls["ca"], tls["cert"], tls["key"], user, password)  # fmt: skip
 
 
 def _check_tls(r: Reader, etcd: tuple[str, ...], tls: dict[str, Any]) -> None:

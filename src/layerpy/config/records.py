@@ -210,7 +210,7 @@ class ClusterConfig:
 
     etcd: tuple[str, ...]  # member URLs, http:// or https://
     name: str  # this instance's, unique in the cluster
-    segment: str  # the boot segment it serves (default: network.subnet as text)
+    segment: str  # the subnet of the nodes it serves, as text (default: network.subnet)
     prefix: str = "/layerpy/v1"
     lease_ttl: int = 5  # seconds an instance's etcd lease outlives its last keep-alive
     ca: Path | None = None

@@ -20,7 +20,6 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")  # a host name's one part
 _ETCD_URL = re.compile(r"(https?)://([a-z0-9.-]{1,253}|\[[0-9a-f:.]{2,45}\]):([0-9]{1,5})")
 _KEY_PREFIX = re.compile(r"(/[A-Za-z0-9._-]+)+")
-_SEGMENT = re.compile(r"[A-Za-z0-9._:/-]{1,64}")
 MAX_ETCD_MEMBERS = 7  # etcd's own advice: more members only slow its writes
 
 
@@ -302,16 +301,6 @@ def key_prefix(value: str) -> str:
         raise ValueError(
             f"{value[:100]!r} must be an etcd key prefix like /layerpy/v1: parts of letters, "
             "digits, '.', '_' and '-', each after a /, none after the last part"
-        )
-    return value
-
-
-def segment(value: str) -> str:
-    """A boot segment's name: its subnet (the default), a rack's or a VLAN's name."""
-    if not _SEGMENT.fullmatch(value):
-        raise ValueError(
-            f"{value[:100]!r} must be 1 to 64 letters, digits and '.', '_', ':', '/', '-' "
-            "(like 10.99.0.0/24 or rack-12)"
         )
     return value
 
