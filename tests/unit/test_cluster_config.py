@@ -275,7 +275,9 @@ def parsed(text: str) -> dict:
 HEAD1 = BASE + CLUSTER
 HEAD2 = (
     HEAD1.replace('address = "10.99.0.1"', 'address = "10.99.0.2"\nhttp_port = 8081')
-    .replace('name = "head1"', 'name = "head2"\nsegment = "10.99.0.0/25"')
+    .replace('name = "head1"', 'name = "head2"\nsegment = "10.99.0.0/25"\nlease_ttl = 10')
+    .replace("10.98.0.1:2379", "10.98.0.9:2379")  # its nearest member
+    .replace("[groups.compute]", '[api]\nlisten = []\n\n[groups.compute]')
 )  # fmt: skip
 
 
@@ -303,14 +305,11 @@ def test_own_settings_may_differ() -> None:
             "images.other is here, not in the cluster's file (revision 7)",
         ),
         (
-            ("10.98.0.3:2379", "10.98.0.4:2379"),
-            "cluster.etcd differs: ['http://10.98.0.1:2379', 'http://10.98.0.2:2379', "
-            "'http://10.98.0.3:2379'] here, ['http://10.98.0.1:2379', 'http://10.98.0.2:2379', "
-            "'http://10.98.0.4:2379'] in the cluster's file (revision 7)",
-        ),
-        (
-            ('name = "head2"', 'name = "head2"\nlease_ttl = 5.0'),
-            "cluster.lease_ttl is in the cluster's file (revision 7), not here",
+            (
+                'nodes = "cn[001-002]"',
+                'nodes = "cn[001-002]"\nmac = ["52:54:00:00:00:01", "52:54:00:00:00:02"]',
+            ),
+            "groups.compute.mac is in the cluster's file (revision 7), not here",
         ),
         (
             ('image = "base"', 'image = "base"\n[files."/etc/motd"]\nmode = "0644"'),
@@ -325,11 +324,12 @@ def test_the_first_key_that_differs_is_named(change: tuple[str, str], expected: 
 
 
 def test_values_of_other_types_differ() -> None:
-    here, there = parsed("[cluster]\nlease_ttl = 5\n"), parsed("[cluster]\nlease_ttl = 5.0\n")
+    here, there = parsed("[network]\nlease_time = 5\n"), parsed("[network]\nlease_time = 5.0\n")
     found = first_difference(here, there)
     assert found is not None and (found.path, found.here, found.there) == (
-        ("cluster", "lease_ttl"), 5, 5.0
+        ("network", "lease_time"), 5, 5.0
     )  # fmt: skip
+    assert first_difference({"a": [1, True]}, {"a": [1, 1]}) is not None
 
 
 def test_keys_are_written_as_in_the_file() -> None:
@@ -341,10 +341,14 @@ def test_keys_are_written_as_in_the_file() -> None:
     )
 
 
-def test_a_table_of_own_settings_only_is_no_difference() -> None:
-    assert first_difference(parsed('[cluster]\nname = "a"\n'), {}) is None
-    found = first_difference(parsed('[cluster]\nname = "a"\nprefix = "/x"\n'), {})
-    assert found is not None and (found.key, found.there) == ("cluster", ABSENT)
+def test_own_tables_on_one_side_only_are_no_difference() -> None:
+    assert first_difference(parsed('[cluster]\nname = "a"\n[api]\nlisten = []\n'), {}) is None
+    found = first_difference({}, parsed("[groups.gpu]\n"))
+    assert found is not None and (found.key, found.here, found.there) == (
+        "groups",
+        ABSENT,
+        {"gpu": {}},
+    )
 
 
 def test_a_file_that_is_not_toml() -> None:
@@ -357,12 +361,15 @@ def test_a_file_that_is_not_toml() -> None:
 def test_combined_takes_own_settings_and_leaves_both_files_alone() -> None:
     own, cluster = parsed(HEAD2), parsed(HEAD1.replace('image = "base"', 'image = "other"'))
     both = combined(own, cluster)
-    assert both["server"] == own["server"]
-    assert (both["cluster"]["name"], both["cluster"]["segment"]) == ("head2", "10.99.0.0/25")
+    assert (both["server"], both["api"], both["cluster"]) == (
+        own["server"],
+        own["api"],
+        own["cluster"],
+    )
     assert both["groups"]["compute"]["image"] == "other"
-    assert cluster["cluster"]["name"] == "head1" and "segment" not in cluster["cluster"]
-    # an own setting this instance leaves out takes its default here, not the other's
-    assert "segment" not in combined(parsed(HEAD1), parsed(HEAD2))["cluster"]
+    assert cluster["cluster"]["name"] == "head1" and "api" not in cluster
+    # an own table this instance leaves out takes its defaults here, not the other's
+    assert "api" not in combined(parsed(HEAD1), parsed(HEAD2))
 
 
 def test_parse_shared_runs_the_cluster_file_with_own_settings(folder: Path) -> None:

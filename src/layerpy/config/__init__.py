@@ -85,8 +85,8 @@ def parse(text: str, path: Path) -> Config:
 
 def parse_shared(text: str, own: str, path: Path) -> Config:
     """The cluster's node file ``text`` as this instance runs it: with its own settings
-    (its [server], its [cluster] name and segment: config/shared.py) from ``own``, the
-    text of its own node file ``path``, whose directory relative paths start from."""
+    (its [server], [api] and [cluster]: config/shared.py) from ``own``, the text of its
+    own node file ``path``, whose directory relative paths start from."""
     reader = Reader(path, text)  # lines: the own settings' in own, the others' in text
     lines = {key: line for key, line in reader.lines.items() if not _own(key)}
     lines.update((key, line) for key, line in Reader(path, own).lines.items() if _own(key))

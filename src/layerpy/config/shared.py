@@ -1,10 +1,11 @@
 """An instance's own settings and the cluster's: what of a node file may differ between
 the instances of one cluster (docs/ha.md).
 
-An instance's own settings are its [server] table (interface, address, ports, state
-directory) and its [cluster] name and segment; everything else in the file is the
-cluster's and the same on every instance. Pure: parsed TOML in, a difference or a
-combined file out.
+An instance's own settings are the tables that say where it listens and how it reaches
+etcd: [server] (interface, address, ports, state directory), [api] (its listeners and
+their certificate) and [cluster] (its name and segment, and its own client certificate or
+credentials for etcd). Everything else, what the nodes are and boot, is the cluster's and
+the same on every instance. Pure: parsed TOML in, a difference or a combined file out.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from layerpy.text import printable
 
-OWN = (("server",), ("cluster", "name"), ("cluster", "segment"))
+OWN = ("server", "api", "cluster")  # top-level tables
 _BARE = re.compile(r"[A-Za-z0-9_-]+")  # a TOML key that needs no quotes
 SHOWN = 80  # characters of a value quoted in a difference
 
@@ -32,7 +33,7 @@ ABSENT: Any = _Absent()
 
 def is_own(path: tuple[str, ...]) -> bool:
     """Whether a key path is one of the instance's own settings (or inside one)."""
-    return any(path[: len(own)] == own for own in OWN)
+    return bool(path) and path[0] in OWN
 
 
 @dataclass(frozen=True)
@@ -80,11 +81,10 @@ def rest_differs(own_text: str, cluster_text: str, revision: int) -> str | None:
 
 
 def combined(own: Mapping[str, Any], cluster: Mapping[str, Any]) -> dict[str, Any]:
-    """The cluster's file as this instance runs it: its own settings from ``own`` (an
-    own setting ``own`` leaves out is left out, to take its default here)."""
-    data = dict(cluster)
-    for path in OWN:
-        _put(data, path, _get(own, path))
+    """The cluster's file as this instance runs it: its own tables from ``own`` (one
+    ``own`` leaves out is left out, to take its defaults here)."""
+    data = {key: value for key, value in cluster.items() if key not in OWN}
+    data.update((key, own[key]) for key in OWN if key in own)
     return data
 
 
@@ -99,10 +99,6 @@ def _walk(
         if isinstance(mine, dict) and isinstance(theirs, dict):
             if found := _walk(mine, theirs, at):
                 return found
-        elif (mine is ABSENT or theirs is ABSENT) and dict in (type(mine), type(theirs)):
-            table = mine if theirs is ABSENT else theirs  # a table on one side only
-            if _walk(table, {}, at):  # and more in it than this instance's own settings
-                return Difference(at, mine, theirs)
         elif not _same(mine, theirs):
             return Difference(at, mine, theirs)
     return None
@@ -121,30 +117,3 @@ def _same(a: Any, b: Any) -> bool:
 
 def _shown(value: Any) -> str:
     return "a table" if isinstance(value, dict) else printable(repr(value), SHOWN)
-
-
-def _get(data: Mapping[str, Any], path: tuple[str, ...]) -> Any:
-    for key in path:
-        if not isinstance(data, Mapping) or key not in data:
-            return ABSENT
-        data = data[key]
-    return data
-
-
-def _put(data: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
-    """Set (or, with ABSENT, remove) ``path`` in ``data``, copying the tables on the way
-    so that the parsed files it came from stay as they were."""
-    *tables, last = path
-    for key in tables:
-        inner = data.get(key)
-        if not isinstance(inner, dict):
-            if value is ABSENT:
-                return
-            inner = {}
-        copy = dict(inner)
-        data[key] = copy
-        data = copy
-    if value is ABSENT:
-        data.pop(last, None)
-    else:
-        data[last] = value
