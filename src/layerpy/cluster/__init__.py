@@ -1,0 +1,1 @@
+"""Several layerpy instances as one cluster, on etcd: the client, the store's etcd backend."""
