@@ -342,3 +342,23 @@ def test_an_instance_behind_compacted_history_catches_up(
             assert head2.config.nodes["cn001"].image == "other"
 
     instance.run(scenario)
+
+
+def test_a_proposal_made_before_an_instance_followed_is_judged_by_it(
+    cluster: EtcdCluster, instance: Instance, tmp_path: Path
+) -> None:
+    async def scenario() -> None:
+        async with heads(cluster, tmp_path, 2) as (prefix, (head1, head2)):
+            await start(head1)  # head2 is live in etcd already, but not started
+            new = head1.text(REST.replace('image = "base"', 'image = "other"'))
+            proposing = asyncio.create_task(head1.shared.propose(new))
+            await until(lambda: _there(head1, f"{prefix}/file/proposed"), "the proposal")
+            await start(head2)  # reads the file after the proposal was made
+            assert await proposing == 2
+            await until(lambda: head2.applied == [2], "revision 2 on head2")
+
+    instance.run(scenario)
+
+
+async def _there(head: Head, key: str) -> bool:
+    return await head.etcd.get(key) is not None

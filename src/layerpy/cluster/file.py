@@ -95,15 +95,15 @@ class SharedFile(Generic[T]):
         self._verdicts = f"{prefix}/file/verdict/"
         self._instances = f"{prefix}/instances/"
         self.revision = 0  # of the file this instance runs; 0 before start
-        self._seen = 0  # the etcd revision the run loop has seen up to
+        self._seen = 0  # the etcd revision the run loop has followed up to
         self._applying = asyncio.Lock()  # one apply at a time, each revision once
 
     async def start(self) -> Committed:
         """The file in force: this instance's own, published as revision 1 if the cluster
         has none yet (one transaction: of two first instances one publishes, the other
         joins), else the cluster's, if its rest is this file's. Raises FileRefused if not."""
-        found = await self._read_file()
-        if found is None:
+        kv = await self.etcd.get(self._file)
+        if kv is None:
             first = _encode({"revision": 1, "text": self.own_text, "by": self.name})
             result = await self.etcd.txn(
                 [Compare.version(self._file, "==", 0)],
@@ -112,10 +112,9 @@ class SharedFile(Generic[T]):
             )
             if result.succeeded:
                 log.info("published this node file as the cluster's, revision 1")
-                self.revision, self._seen = 1, result.revision
+                self.revision = 1
                 return Committed(1, self.own_text, self.name)
-            found = result.responses[0][0], result.revision
-        kv, self._seen = found
+            kv = result.responses[0][0]
         try:
             committed = _committed(kv)
         except ValueError as error:
@@ -136,12 +135,12 @@ class SharedFile(Generic[T]):
     async def run(self) -> None:
         """Forever: a verdict on every other instance's proposal, and every committed
         revision applied in order. Survives etcd's absence (it waits and resumes)."""
-        compacted = False
+        reread = True  # first: a proposal made before this instance followed is judged too
         while True:
             try:
-                if compacted:
+                if reread:
                     await self._catch_up()
-                    compacted = False
+                    reread = False
                 watch = self.etcd.watch(self._file, self._seen + 1)
                 async with contextlib.aclosing(watch):
                     async for events in watch:
@@ -150,7 +149,7 @@ class SharedFile(Generic[T]):
                         self._seen = events[-1].kv.mod_revision
             except Compacted:
                 log.warning("etcd's history of the node file was compacted; reading it again")
-                compacted = True
+                reread = True
             except (EtcdError, EtcdUnavailable) as error:
                 log.warning("following the cluster's node file: %s; retrying", error)
                 await asyncio.sleep(RETRY)
@@ -166,14 +165,14 @@ class SharedFile(Generic[T]):
             raise ReloadRefused([f"etcd: {printable(error, 500)}"]) from None
 
     async def _propose(self, text: str) -> T:
-        found = await self._read_file()
+        found = await self.etcd.get(self._file)
         if found is None:
             raise ReloadRefused(["the cluster has no node file yet (no instance has started)"])
         try:
-            current = _committed(found[0])
+            current = _committed(found)
         except ValueError as error:
             raise ReloadRefused([str(error)]) from None
-        base = found[0].mod_revision
+        base = found.mod_revision
         lease = await self.etcd.grant(math.ceil(self.answer_within) + GRACE)
         try:
             live = await self._live()
@@ -304,18 +303,12 @@ class SharedFile(Generic[T]):
         return result
 
     async def _catch_up(self) -> None:
-        """After a compaction: the file as it is now, applied if newer, and a verdict on a
-        proposal under way."""
+        """The file as it is now, applied if newer, and a verdict on a proposal under way
+        (at the start of the run loop, and after a compaction)."""
         kvs, self._seen = await self.etcd.range(self._file)
         for kv in kvs:
             if kv.key in (self._file, self._proposed):
                 await self._follow("put", kv)
-
-    async def _read_file(self) -> tuple[KeyValue, int] | None:
-        """The file in force and the etcd revision it was read at, or None."""
-        kvs, revision = await self.etcd.range(self._file)
-        found = [kv for kv in kvs if kv.key == self._file]
-        return (found[0], revision) if found else None
 
     async def _live(self) -> set[str]:
         kvs, _ = await self.etcd.range(self._instances)
