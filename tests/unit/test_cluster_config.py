@@ -356,6 +356,17 @@ def test_a_file_that_is_not_toml() -> None:
         "the cluster's file (revision 3) is not TOML: Expected ']' at the end of a table "
         "declaration (at end of document)"
     )
+    assert rest_differs("a = " + "9" * 5000, HEAD1, 3) == (
+        "this node file is not TOML: Exceeds the limit (4300 digits) for integer string "
+        "conversion: value has 5000 digits; use sys.set_int_max_str_digits() to increase the limit"
+    )
+
+
+def test_keys_and_values_are_shown_printable() -> None:
+    found = first_difference({"files": {"/etc/\x1b[2J": 1}}, {"files": {"/etc/\x1b[2J": 2}})
+    assert found is not None and found.render(1) == (
+        'files."/etc/\\x1b[2J" differs: 1 here, 2 in the cluster\'s file (revision 1)'
+    )
 
 
 def test_combined_takes_own_settings_and_leaves_both_files_alone() -> None:

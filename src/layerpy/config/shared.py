@@ -48,7 +48,8 @@ class Difference:
     @property
     def key(self) -> str:
         """The key path as the file would write it: files."/etc/hosts".mode."""
-        return ".".join(part if _BARE.fullmatch(part) else f'"{part}"' for part in self.path)
+        key = ".".join(part if _BARE.fullmatch(part) else f'"{part}"' for part in self.path)
+        return printable(key, SHOWN)
 
     def render(self, revision: int) -> str:
         theirs = f"the cluster's file (revision {revision})"
@@ -68,13 +69,13 @@ def first_difference(here: Mapping[str, Any], there: Mapping[str, Any]) -> Diffe
 def rest_differs(own_text: str, cluster_text: str, revision: int) -> str | None:
     """Why this instance's file cannot join a cluster running ``cluster_text``: the
     first key that differs (or a file that is not TOML); None when it may."""
-    try:
+    try:  # a TOMLDecodeError is a ValueError, as is int()'s limit on digits
         here = tomllib.loads(own_text)
-    except tomllib.TOMLDecodeError as error:
+    except ValueError as error:
         return f"this node file is not TOML: {error}"
     try:
         there = tomllib.loads(cluster_text)
-    except tomllib.TOMLDecodeError as error:
+    except ValueError as error:
         return f"the cluster's file (revision {revision}) is not TOML: {error}"
     difference = first_difference(here, there)
     return difference.render(revision) if difference else None
