@@ -404,3 +404,20 @@ def test_parse_shared_problems_name_the_lines_of_each_text(folder: Path) -> None
         "nodes.toml:4: server.address: 10.98.0.2 is outside network.subnet 10.99.0.0/24",
         "nodes.toml:10: minos.kernel: gone does not exist (build the minOS with minos/build.sh)",
     ]
+
+
+def test_a_reload_that_changes_cluster_is_refused(make_config, tmp_path: Path) -> None:
+    """Like [server] and [api], [cluster] is read at start only: a reload says so."""
+    from layerpy.config import ReloadRefused
+    from layerpy.server import Server
+
+    config = make_config()
+    server = Server(config, state_dir=tmp_path / "state")
+    config.path.write_text(
+        config.path.read_text() + '[cluster]\netcd = ["http://127.0.0.1:2379"]\nname = "a"\n'
+    )
+    with pytest.raises(ReloadRefused) as refused:
+        server._read_again()
+    assert refused.value.problems == [
+        f"{config.path}: [cluster] changed; restart layerpy serve to apply it"
+    ]
