@@ -19,7 +19,7 @@ from layerpy.cluster.etcd import Etcd
 from layerpy.cluster.file import Committed, FileRefused, SharedFile
 from layerpy.config import Config, ConfigError, ReloadRefused, load, parse_shared
 
-from etcd import EtcdCluster, Instance
+from etcd import EtcdCluster, Instance, make_tls
 from nodefile import BOOT_SECTIONS, write_boot_files
 
 pytestmark = pytest.mark.netns
@@ -362,3 +362,44 @@ def test_a_proposal_made_before_an_instance_followed_is_judged_by_it(
 
 async def _there(head: Head, key: str) -> bool:
     return await head.etcd.get(key) is not None
+
+
+def test_the_cluster_table_reaches_etcd_over_tls_with_a_client_certificate(tmp_path: Path) -> None:
+    """[cluster] ca, cert and key as the file names them, relative to it, are what the client
+    needs to reach members that want a client certificate."""
+    tls = make_tls(tmp_path / "tls", ["10.79.0.11"])
+    tls.client_key.chmod(0o600)
+    cluster = EtcdCluster(tmp_path / "etcd", size=1, tls=tls)
+    try:
+        instance = cluster.add_instance()
+        write_boot_files(tmp_path)
+        path = tmp_path / "nodes.toml"
+        path.write_text(
+            node_file("head1", 0, cluster.endpoints).replace(
+                'name = "head1"\n',
+                'name = "head1"\nca = "tls/ca.crt"\ncert = "tls/client.crt"\nkey = "tls/client.key"\n',
+            )
+        )
+        settings = load(path).cluster
+        assert settings is not None and settings.etcd == ("https://10.79.0.11:2379",)
+
+        async def scenario() -> Committed:
+            etcd = Etcd(settings.etcd, ca=settings.ca, cert=settings.cert, key=settings.key,
+                        user=settings.user, password=settings.password)  # fmt: skip
+            await etcd.open()
+            try:
+                own = path.read_text()
+                shared: SharedFile[None] = SharedFile(
+                    etcd, settings.name, settings.prefix, own, check=_accept, apply=_accept
+                )
+                return await shared.start()
+            finally:
+                await etcd.close()
+
+        assert instance.run(scenario).revision == 1
+    finally:
+        cluster.close()
+
+
+async def _accept(_: object) -> None:
+    return None
