@@ -81,6 +81,7 @@ class Head:
         )  # fmt: skip
         self.task: asyncio.Task[None] | None = None
         self.hold: asyncio.Barrier | None = None  # the next check waits for the others' too
+        self.before_apply: Callable[[], None] | None = None
 
     async def check(self, text: str) -> Config:
         if self.hold is not None:
@@ -92,6 +93,8 @@ class Head:
             raise ReloadRefused(error.render().splitlines()) from None
 
     async def apply(self, committed: Committed) -> int:
+        if self.before_apply is not None:
+            self.before_apply()
         self.config = await self.check(committed.text)
         self.applied.append(committed.revision)
         return committed.revision
@@ -252,6 +255,29 @@ def test_a_reload_one_instance_refuses_is_committed_nowhere(
             with pytest.raises(ReloadRefused) as own:
                 await head1.shared.propose(broken)
             assert "no image named 'none'" in own.value.problems[0]
+
+    instance.run(scenario)
+
+
+def test_a_file_the_proposer_cannot_apply_after_all_is_said_to_be_committed(
+    cluster: EtcdCluster, instance: Instance, tmp_path: Path
+) -> None:
+    async def scenario() -> None:
+        async with heads(cluster, tmp_path, 2) as (_, (head1, head2)):
+            for head in (head1, head2):
+                await start(head)
+                (head.folder / "vmlinuz2").write_bytes(b"k")
+            head1.before_apply = (head1.folder / "vmlinuz2").unlink  # gone after its check
+            new = head1.text(REST.replace('kernel = "vmlinuz"', 'kernel = "vmlinuz2"'))
+            with pytest.raises(ReloadRefused) as refused:
+                await head1.shared.propose(new)
+            assert refused.value.problems[0] == (
+                "committed as revision 2 for the cluster, but this instance could not apply "
+                "it (it runs the one before):"
+            )
+            assert "vmlinuz2 does not exist" in refused.value.problems[1]
+            assert (head1.applied, head1.shared.revision) == ([], 1)
+            await until(lambda: head2.applied == [2], "revision 2 on head2")
 
     instance.run(scenario)
 

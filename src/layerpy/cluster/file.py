@@ -210,7 +210,13 @@ class SharedFile(Generic[T]):
                     "layerpy reload again"
                 ])  # fmt: skip
             log.info("committed the node file as revision %d", committed.revision)
-            return await self._applied(committed)
+            try:
+                return await self._applied(committed)
+            except ReloadRefused as refused:  # it changed here since its check: rare, but say so
+                raise ReloadRefused([
+                    f"committed as revision {committed.revision} for the cluster, but this "
+                    "instance could not apply it (it runs the one before):", *refused.problems,
+                ]) from None  # fmt: skip
 
     async def _wait_for_verdicts(self, proposal: int, others: set[str]) -> None:
         """Until every other live instance accepted; ReloadRefused at the first refusal,
