@@ -336,10 +336,16 @@ def _check_json(path: Path, file_only: bool) -> None:
               "mac": node.mac} for node in config.nodes.values()]  # fmt: skip
     host = None if file_only else host_problems(config)
     server = config.server
+    cluster = config.cluster and {
+        "name": config.cluster.name,
+        "segment": config.cluster.segment,
+        "etcd": config.cluster.etcd,
+        "prefix": config.cluster.prefix,
+    }
     _print_json({"file": str(config.path), "valid": True,
                  "server": {"address": str(server.address), "interface": server.interface,
                             "url": server.url, "dhcp": server.dhcp},
-                 "nodes": nodes, "host_problems": host})  # fmt: skip
+                 "cluster": cluster, "nodes": nodes, "host_problems": host})  # fmt: skip
     if host:
         sys.exit(3)
 
@@ -357,6 +363,10 @@ def _summarise(config: Config, show_all: bool) -> None:
     console.print(f"  dhcp     {server.dhcp}, subnet {network.subnet}, {leases}")
     console.print(f"  minos    {config.minos.kernel} + {config.minos.initrd}")
     console.print(f"  nodes    {len(config.nodes)} in {len(groups)} group(s) {', '.join(groups)}")
+    if config.cluster is not None:
+        cluster = config.cluster
+        console.print(f"  cluster  instance {cluster.name} serving {cluster.segment}, etcd "
+                      f"{', '.join(cluster.etcd)} under {cluster.prefix}")  # fmt: skip
     table = Table("node", "group", "ip", "mac")
     nodes = list(config.nodes.values())
     for node in nodes if show_all else nodes[:SHOWN]:

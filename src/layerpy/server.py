@@ -119,7 +119,7 @@ class Server:
                 config = self._with_overrides(load(self.config.path))
         except ConfigError as error:
             raise ReloadRefused(error.render().splitlines()) from None
-        for section in ("server", "api"):
+        for section in ("server", "api", "cluster"):
             if getattr(config, section) != getattr(self.config, section):
                 problem = f"[{section}] changed; restart layerpy serve to apply it"
                 raise ReloadRefused([f"{config.path}: {problem}"])

@@ -156,6 +156,23 @@ def test_check_says_its_verdict_as_json(make_config, tmp_path: Path) -> None:
     assert missing.returncode == 2 and "cannot read the file" in missing.stdout
 
 
+def test_check_names_the_cluster_never_its_password(make_config, tmp_path: Path) -> None:
+    (tmp_path / "etcd.pass").write_text("sesame\n")
+    (tmp_path / "etcd.pass").chmod(0o600)
+    config = make_config(cluster='[cluster]\netcd = ["http://127.0.0.1:2379"]\nname = "head1"\n'
+                         'user = "layerpy"\npassword_file = "etcd.pass"\n')  # fmt: skip
+    shown = layerpy("check", "--file-only", "-c", str(config.path))
+    assert shown.returncode == 0, shown.stderr
+    assert "cluster  instance head1 serving 10.99.0.0/24, etcd http://127.0.0.1:2379 under " \
+        "/layerpy/v1" in shown.stdout  # fmt: skip
+    as_json = layerpy("check", "--file-only", "-o", "json", "-c", str(config.path))
+    assert json.loads(as_json.stdout)["cluster"] == {
+        "name": "head1", "segment": "10.99.0.0/24", "etcd": ["http://127.0.0.1:2379"],
+        "prefix": "/layerpy/v1",
+    }  # fmt: skip
+    assert "sesame" not in shown.stdout + shown.stderr + as_json.stdout + as_json.stderr
+
+
 @pytest.mark.parametrize(
     "content",
     [

@@ -16,12 +16,13 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from layerpy.config import boot, files, images, nodes
+from layerpy.config import boot, cluster, files, images, nodes, shared
 from layerpy.config.reading import Reader, line_of_syntax_error
 from layerpy.config.records import (
     DHCP_MODES,
     POWER_STATES,
     ApiConfig,
+    ClusterConfig,
     Config,
     ConfigError,
     FileConfig,
@@ -40,6 +41,7 @@ __all__ = [
     "DHCP_MODES",
     "POWER_STATES",
     "ApiConfig",
+    "ClusterConfig",
     "Config",
     "ConfigError",
     "FileConfig",
@@ -54,10 +56,12 @@ __all__ = [
     "SwitchConfig",
     "load",
     "parse",
+    "parse_shared",
 ]
 
 SECTIONS = (
-    "server", "network", "minos", "ipxe", "api", "images", "switches", "groups", "nodes", "files"
+    "server", "network", "minos", "ipxe", "api", "images", "switches", "groups", "nodes", "files",
+    "cluster",
 )  # fmt: skip
 
 
@@ -76,8 +80,27 @@ def load(path: str | Path) -> Config:
 
 
 def parse(text: str, path: Path) -> Config:
+    return _checked(Reader(path, text), _toml(text, path))
+
+
+def parse_shared(text: str, own: str, path: Path) -> Config:
+    """The cluster's node file ``text`` as this instance runs it: with its own settings
+    (its [server], [api] and [cluster]: config/shared.py) from ``own``, the text of its
+    own node file ``path``, whose directory relative paths start from."""
+    reader = Reader(path, text)  # lines: the own settings' in own, the others' in text
+    lines = {key: line for key, line in reader.lines.items() if not _own(key)}
+    lines.update((key, line) for key, line in Reader(path, own).lines.items() if _own(key))
+    reader.lines = lines
+    return _checked(reader, shared.combined(_toml(own, path), _toml(text, path)))
+
+
+def _own(key: str) -> bool:
+    return shared.is_own(tuple(key.split(".")))
+
+
+def _toml(text: str, path: Path) -> dict[str, Any]:
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         line = line_of_syntax_error(str(error))
         raise ConfigError(path, [Problem("", f"TOML syntax error: {error}", line)]) from None
@@ -87,10 +110,12 @@ def parse(text: str, path: Path) -> Config:
         line = text.count("\n", 0, found.start()) + 1 if found else None
         problem = Problem("", f"a number of more than {limit} digits (no setting takes one)", line)
         raise ConfigError(path, [problem]) from None
-    reader = Reader(path, text)
+
+
+def _checked(reader: Reader, data: dict[str, Any]) -> Config:
     config = _read(reader, data)
     if reader.problems or config is None:
-        raise ConfigError(path, reader.problems)
+        raise ConfigError(reader.file, reader.problems)
     return config
 
 
@@ -108,9 +133,10 @@ def _read(r: Reader, data: dict[str, Any]) -> Config | None:
     all_nodes = nodes.read(r, data, network, server)
     nodes.check_references(r, all_nodes, known_images, switches)
     node_files = files.read(r, data, known_images, all_nodes)
+    shared = cluster.read(r, data, network)
     if server is None or network is None or minos is None or r.problems:
         return None
     config = Config(r.file, server, network, minos, ipxe, api, known_images, switches, all_nodes,
-                    node_files)  # fmt: skip
+                    node_files, shared)  # fmt: skip
     files.check_renders(r, config)
     return None if r.problems else config

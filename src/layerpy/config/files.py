@@ -19,12 +19,11 @@ from __future__ import annotations
 import errno
 import os
 import re
-import stat
 from typing import Any
 
 from layerpy import hostlist
 from layerpy.config import values
-from layerpy.config.reading import Reader
+from layerpy.config.reading import Reader, open_to_all
 from layerpy.config.records import Config, FileConfig, ImageConfig, NodeConfig
 from layerpy.proto.agent import MAX_FILE, OWNER
 
@@ -121,8 +120,8 @@ def _source_ok(r: Reader, prefix: str, source: Any, secret: bool) -> bool:
         r.problem(key, f"{source} is over {MAX_FILE} bytes")
         return False
     if secret:
-        if info.st_mode & stat.S_IROTH:
-            r.problem(key, f"{source} is readable by every user of this host: chmod o-r it")
+        if why := open_to_all(source, info.st_mode):
+            r.problem(key, why)
             return False
         return True
     from jinja2 import TemplateSyntaxError

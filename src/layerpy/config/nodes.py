@@ -5,7 +5,6 @@ checks across them (unique names, addresses and locations; images and switches t
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -29,7 +28,6 @@ SWITCH_KEYS = {"chassis_id", "relay", "remote_id", "relay_sources"}
 BMC_KEYS = {
     "driver", "address", "user", "password_file", "password_env", "verify_tls", "port", "console",
 }  # fmt: skip
-_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
 def switches(r: Reader, data: dict[str, Any]) -> dict[str, SwitchConfig]:
@@ -134,7 +132,7 @@ def _group(r: Reader, name: str, table: Any, ip_required: bool) -> Iterator[Node
         if entries is not None and not _one_each(r, f"{prefix}.{key}", entries, names):
             return
     for index, node_name in enumerate(names):
-        if not _NAME.match(node_name):
+        if not values.LABEL.match(node_name):
             r.problem(f"{prefix}.nodes", f"{node_name!r} is not a valid host name")
             continue
         mac = macs[index] if macs else None
@@ -152,7 +150,7 @@ def _override(
     prefix = f"nodes.{name}"
     if not r.is_table(table, prefix):
         return None
-    if not _NAME.match(name):
+    if not values.LABEL.match(name):
         r.problem(prefix, f"{name!r} is not a valid host name")
         return None
     r.unknown_keys(table, prefix, NODE_KEYS)

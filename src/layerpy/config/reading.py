@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -112,14 +113,18 @@ class Reader:
         """Paths in the file are relative to the file."""
         return Path(os.path.normpath(self.base / Path(value).expanduser()))
 
-    def password(self, get: Getter, prefix: str) -> str | None:
-        """A secret from ``password_file`` or ``password_env``, never from the file itself."""
+    def password(self, get: Getter, prefix: str, *, private: bool = False) -> str | None:
+        """A secret from ``password_file`` or ``password_env``, never from the file itself;
+        ``private``: a password file every user of this host may read is refused."""
         path = get("password_file", str, self.path)
         variable = get("password_env", str)
         if path and variable:
             self.problem(prefix, "give password_file or password_env, not both")
         if path is not None:
             try:
+                if private and (why := open_to_all(path, path.stat().st_mode)):
+                    self.problem(f"{prefix}.password_file", why)
+                    return None
                 return path.read_text().strip()
             except OSError as error:
                 self.problem(f"{prefix}.password_file", f"cannot read {path}: {error.strerror}")
@@ -141,6 +146,13 @@ def missing(path: Path) -> str | None:
         return None if path.is_file() else "does not exist"
     except OSError as error:
         return f"cannot be looked up ({error.strerror})"
+
+
+def open_to_all(path: Path, mode: int) -> str | None:
+    """Why a secret's file is refused: every user of this host may read it."""
+    if mode & stat.S_IROTH:
+        return f"{path} is readable by every user of this host: chmod o-r it"
+    return None
 
 
 def line_of_syntax_error(message: str) -> int | None:

@@ -203,6 +203,24 @@ class FileConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    """This instance's place in a cluster of instances sharing state through etcd: the
+    members to reach, how (TLS, credentials), its own name and boot segment, and where
+    under etcd's key space layerpy's keys live. The password is never shown."""
+
+    etcd: tuple[str, ...]  # member URLs, http:// or https://
+    name: str  # this instance's, unique in the cluster
+    segment: str  # the subnet of the nodes it serves, as text (default: network.subnet)
+    prefix: str = "/layerpy/v1"
+    lease_ttl: int = 5  # seconds an instance's etcd lease outlives its last keep-alive
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
 class Config:
     path: Path
     server: ServerConfig
@@ -214,6 +232,7 @@ class Config:
     switches: dict[str, SwitchConfig] = field(default_factory=dict)
     nodes: dict[str, NodeConfig] = field(default_factory=dict)
     files: dict[str, FileConfig] = field(default_factory=dict)
+    cluster: ClusterConfig | None = None  # None: one instance on its own, no etcd
 
     @cached_property
     def relays(self) -> dict[IPv4Address, frozenset[IPv4Address]]:

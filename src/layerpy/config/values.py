@@ -17,6 +17,10 @@ from layerpy.proto import agent
 _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 _ORIGIN = re.compile(r"(https?)://([a-z0-9.-]{1,253}|\[[0-9a-f:.]{2,45}\])(?::([0-9]{1,5}))?")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")  # a host name's one part
+_ETCD_URL = re.compile(r"(https?)://([a-z0-9.-]{1,253}|\[[0-9a-f:.]{2,45}\]):([0-9]{1,5})")
+_KEY_PREFIX = re.compile(r"(/[A-Za-z0-9._-]+)+")
+MAX_ETCD_MEMBERS = 7  # etcd's own advice: more members only slow its writes
 
 
 def ipv4(value: str) -> IPv4Address:
@@ -254,4 +258,55 @@ def console(value: str) -> str:
             f'{value!r} must be "sol" (IPMI Serial-over-LAN) or the absolute path of the '
             "console's Unix socket, like /run/lab/{node}.console"
         )
+    return value
+
+
+def label(value: str) -> str:
+    """A name that may stand in a host name or an etcd key: one DNS label."""
+    if not LABEL.match(value):
+        raise ValueError(
+            f"{value[:100]!r} must be 1 to 63 lowercase letters, digits and hyphens, "
+            "not starting or ending with a hyphen (like a host name)"
+        )
+    return value
+
+
+def etcd_url(value: str) -> str:
+    """An etcd member's client URL: scheme, host and port, nothing else, lowercase."""
+    found = _ETCD_URL.fullmatch(value.strip().lower().removesuffix("/"))
+    if found is None:
+        raise ValueError(
+            f"{value[:100]!r} is not an etcd member's URL: give http:// or https://, host "
+            'and port, like "http://10.0.0.5:2379" (no path)'
+        )
+    scheme, host, number = found.groups()
+    return f"{scheme}://{host}:{port(int(number))}"
+
+
+def etcd_urls(value: list[Any]) -> tuple[str, ...]:
+    if not all(isinstance(item, str) for item in value):
+        raise ValueError('must be a list of strings like "http://10.0.0.5:2379"')
+    if not 1 <= len(value) <= MAX_ETCD_MEMBERS:
+        raise ValueError(f"names {len(value)} members: give 1 to {MAX_ETCD_MEMBERS}")
+    urls = tuple(etcd_url(item) for item in value)
+    twice = sorted({url for url in urls if urls.count(url) > 1})
+    if twice:
+        raise ValueError(f"names {', '.join(twice)} twice")
+    return urls
+
+
+def key_prefix(value: str) -> str:
+    """Where in etcd's key space a cluster's keys live: /-separated plain parts."""
+    if len(value) > 200 or not _KEY_PREFIX.fullmatch(value):
+        raise ValueError(
+            f"{value[:100]!r} must be an etcd key prefix like /layerpy/v1: parts of letters, "
+            "digits, '.', '_' and '-', each after a /, none after the last part"
+        )
+    return value
+
+
+def lease_ttl(value: int) -> int:
+    """Seconds an instance's etcd lease outlives it: the fence's delay and the take-over's."""
+    if not 2 <= value <= 30:
+        raise ValueError(f"{value} is not between 2 and 30 seconds")
     return value
