@@ -26,6 +26,7 @@ from layerpy.config import ReloadRefused, values
 from layerpy.consoles import Consoles
 from layerpy.logs import Throttle
 from layerpy.model import Busy
+from layerpy.services.cluster import Overview, add_cluster_route
 from layerpy.services.http import (
     CATALOG,
     NODES,
@@ -72,6 +73,7 @@ def build_api(
     *,
     origins: tuple[str, ...] = (),
     log_requests: bool = False,
+    cluster: Overview | None = None,
 ) -> web.Application:
     app = web.Application(middlewares=[profile, authenticate], client_max_size=BODY_LIMIT)
     share(app, policy, stats, power, catalog, log_requests)
@@ -97,6 +99,7 @@ def build_api(
         ]
     )
     add_live_routes(app, consoles, origins)
+    add_cluster_route(app, cluster)
     return app
 
 
