@@ -1,0 +1,209 @@
+"""Node ownership with fencing on a real 3-member etcd (docs/ha.md, "Ownership and fencing").
+
+Each instance is a process (tests/cluster_instance.py) in a namespace of its own on the etcd
+bridge (tests/etcd.py), with real leases. An observer process reads the owner keys every
+50 ms. Every test checks, besides its own point, that no two instances' fences ever allowed
+one node at overlapping times (each instance reports what its fence allows every 50 ms and
+at once on a change) and that no owner key was ever overwritten (version 1: a claim only
+puts an absent key), so one node never has two owners.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from etcd import EtcdCluster
+from netns import unique_name
+
+pytestmark = pytest.mark.netns
+
+SCRIPT = Path(__file__).parent.parent / "cluster_instance.py"
+TTL = 5
+NODES = 30
+TAKEOVER = 10.0  # seconds (issue 27)
+
+
+class Process:
+    """A cluster_instance.py process; ``lines`` is what it printed, as it comes."""
+
+    def __init__(self, cluster: EtcdCluster, tmp: Path, prefix: str, *args: str) -> None:
+        self.ns = cluster.add_instance()
+        self.name = args[0] if args and not args[0].startswith("-") else "observer"
+        self.stderr = tmp / f"{self.name}.log"
+        endpoints = ",".join(cluster.endpoints)
+        with self.stderr.open("wb") as log:
+            self.proc = self.ns.netns.popen(
+                [sys.executable, str(SCRIPT), prefix, endpoints, *args],
+                stdout=subprocess.PIPE, stderr=log,
+            )  # fmt: skip
+        self.lines: list[dict[str, Any]] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            self.lines.append(json.loads(raw))
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)  # `ip netns exec` execs: this is its pid
+        self.proc.wait()
+
+    def log(self) -> str:
+        return self.stderr.read_text(errors="replace")[-3000:]
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str, *logs: Process) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            said = "\n".join(f"--- {p.name}:\n{p.log()}" for p in logs)
+            raise AssertionError(f"no {what} after {timeout:g} s\n{said}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def run(etcd_cluster: EtcdCluster, tmp_path: Path) -> Iterator[Callable[..., Process]]:
+    """Start instances (run(name)) or the observer (run("--observe")) on a prefix of this
+    test's own; afterwards, the cluster is made whole again for the next test."""
+    prefix = f"/{unique_name('own')}"
+    started: list[Process] = []
+
+    def start(*args: str) -> Process:
+        process = Process(etcd_cluster, tmp_path, prefix, *args)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.proc.poll() is None:
+            process.kill()
+    etcd_cluster.heal()
+
+
+def owners(observer: Process) -> dict[str, str]:
+    """The owner keys as last read."""
+    return (
+        {node: owner for node, (owner, _) in observer.lines[-1]["owners"].items()}
+        if (observer.lines)
+        else {}
+    )
+
+
+def all_owned(observer: Process, by: set[str] | None = None) -> bool:
+    now = owners(observer)
+    return len(now) == NODES and (by is None or set(now.values()) <= by)
+
+
+def check_one_owner(instances: list[Process], observer: Process) -> None:
+    """No owner key overwritten; no two fences allowing one node at overlapping times."""
+    for line in observer.lines:
+        overwritten = {node: v for node, v in line["owners"].items() if v[1] != 1}
+        assert not overwritten, f"owner keys overwritten: {overwritten}"
+    runs: dict[str, list[tuple[float, float, str]]] = {}  # node → (first t1, last t0, who)
+    for process in instances:
+        open_at: dict[str, float] = {}
+        last: dict[str, float] = {}
+        for line in process.lines:
+            for node in line["allows"]:
+                open_at.setdefault(node, line["t1"])
+                last[node] = line["t0"]
+            for node in [node for node in open_at if node not in line["allows"]]:
+                runs.setdefault(node, []).append((open_at.pop(node), last[node], process.name))
+        for node, first in open_at.items():
+            runs.setdefault(node, []).append((first, last[node], process.name))
+    for node, spans in runs.items():
+        spans.sort()
+        for (_, end, who), (start, _, other) in zip(spans, spans[1:], strict=False):
+            if who != other:
+                assert end < start, f"{node}: {who} allowed until {end}, {other} from {start}"
+
+
+def test_a_killed_instances_nodes_are_taken_over_by_the_others(run) -> None:
+    observer = run("--observe")
+    a, b, c = run("a", str(NODES)), run("b", str(NODES)), run("c", str(NODES))
+    wait_for(lambda: all_owned(observer), 30, "node owned by an instance each", a, b, c)
+    split = owners(observer)
+    assert set(split.values()) == {"a", "b", "c"}, f"not split between the three: {split}"
+    wait_for(lambda: b.lines and len(b.lines[-1]["allows"]) == list(split.values()).count("b"),
+             5, "fence of b allowing its nodes", b)  # fmt: skip
+    killed = time.time()
+    b.kill()
+    wait_for(lambda: all_owned(observer, {"a", "c"}), 20, "take-over of b's nodes", a, c)
+    taken = next(
+        line["t1"] for line in observer.lines
+        if line["t0"] > killed and len(line["owners"]) == NODES
+        and "b" not in {owner for owner, _ in line["owners"].values()}
+    )  # fmt: skip
+    print(f"take-over of {list(split.values()).count('b')} nodes of a killed instance: "
+          f"{taken - killed:.2f} s (lease TTL {TTL} s)")  # fmt: skip
+    assert taken - killed < TAKEOVER
+    moved = {node for node, owner in split.items() if owner == "b"}
+    assert {n: o for n, o in owners(observer).items() if n not in moved} == {
+        n: o for n, o in split.items() if n not in moved
+    }, "nodes of the living instances moved (ownership is sticky)"
+    wait_for(lambda: {n for p in (a, c) for n in p.lines[-1]["allows"]} == set(split),
+             5, "fences of a and c allowing every node", a, c)  # fmt: skip
+    check_one_owner([a, b, c], observer)
+
+
+def test_an_instance_cut_off_from_etcd_stops_acting_within_its_ttl(run) -> None:
+    observer = run("--observe")
+    a, b = run("a", str(NODES)), run("b", str(NODES))
+    wait_for(lambda: all_owned(observer) and set(owners(observer).values()) == {"a", "b"}, 30,
+             "nodes split between a and b", a, b)  # fmt: skip
+    wait_for(lambda: a.lines and a.lines[-1]["allows"], 5, "fence of a open", a)
+    cut = time.time()
+    a.ns.cut()
+    wait_for(lambda: not a.lines[-1]["fresh"], TTL + 1, "fence of a closed", a)
+    closed = next(line["t1"] for line in a.lines if line["t0"] > cut and not line["fresh"])
+    print(f"fence of the cut instance closed {closed - cut:.2f} s after the cut (TTL {TTL} s)")
+    assert closed - cut <= TTL
+    wait_for(lambda: all_owned(observer, {"b"}), 2 * TAKEOVER, "take-over by b", a, b)
+    taken = next(
+        line["t1"] for line in observer.lines
+        if line["t0"] > cut and len(line["owners"]) == NODES
+        and {owner for owner, _ in line["owners"].values()} == {"b"}
+    )  # fmt: skip
+    print(f"take-over of the cut instance's nodes: {taken - cut:.2f} s after the cut")
+    assert taken - cut < TAKEOVER
+    after = [line for line in a.lines if line["t0"] >= closed]
+    assert after and not any(line["allows"] for line in after), "a allowed after its deadline"
+    a.ns.restore()  # its lease expired: it registers again and claims nothing (all owned)
+    wait_for(lambda: a.lines[-1]["fresh"], 20, "fence of a fresh again", a)
+    time.sleep(1.0)  # what a would claim, it claims at once (or after the 1 s grace)
+    assert set(owners(observer).values()) == {"b"} and not a.lines[-1]["allows"]
+    check_one_owner([a, b], observer)
+
+
+def test_with_etcd_quorum_lost_no_instance_acts_and_owners_stay(run, etcd_cluster) -> None:
+    observer = run("--observe")
+    a, b = run("a", str(NODES)), run("b", str(NODES))
+    wait_for(lambda: all_owned(observer) and set(owners(observer).values()) == {"a", "b"}, 30,
+             "nodes split between a and b", a, b)  # fmt: skip
+    before = owners(observer)
+    lost = time.time()
+    for member in etcd_cluster.members[1:]:
+        member.kill()
+    wait_for(lambda: not a.lines[-1]["fresh"] and not b.lines[-1]["fresh"], TTL + 1,
+             "fences of a and b closed", a, b)  # fmt: skip
+    time.sleep(TTL)  # longer than the TTL without quorum: nothing may expire meanwhile
+    late = [line for p in (a, b) for line in p.lines if line["t0"] > lost + TTL]
+    assert late and not any(line["allows"] for line in late), "an instance acted without quorum"
+    for member in etcd_cluster.members[1:]:
+        member.start()
+    etcd_cluster.wait_healthy()
+    wait_for(lambda: a.lines[-1]["allows"] and b.lines[-1]["allows"], 20,
+             "fences of a and b open again", a, b)  # fmt: skip
+    assert owners(observer) == before, "owners changed across the quorum loss"
+    check_one_owner([a, b], observer)
