@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 
 from layerpy import __version__
 from layerpy.cluster.assign import parse_segment
-from layerpy.cluster.etcd import Compare, Etcd, EtcdUnavailable, Op
+from layerpy.cluster.etcd import Compare, Etcd, EtcdError, EtcdUnavailable, Op
 from layerpy.cluster.fence import LeaseClock
 from layerpy.cluster.mirror import Mirror
 
@@ -80,7 +80,7 @@ class Membership:
         now: Callable[[], float] = time.monotonic,
     ) -> None:
         parse_segment(segment)
-        if ttl < 2 or margin >= ttl / 3 * 2:
+        if ttl < 2 or not 0 <= margin < ttl / 2:
             raise ValueError(f"lease_ttl {ttl} s is too short for a {margin} s margin")
         self.etcd = etcd
         self.key_prefix = f"{prefix}/instances/"
@@ -110,19 +110,19 @@ class Membership:
             asyncio.create_task(self._mirror.run(), name="cluster-instances"),
         ]
 
-    async def stop(self, *, revoke: bool = True) -> None:
-        """Leave: with ``revoke`` the lease goes at once (and this instance's nodes with it, to
-        be taken over without waiting for the TTL); without, it expires (a crash, for tests)."""
+    async def stop(self) -> None:
+        """Leave: revoke the lease, so this instance's record and owner keys go at once and
+        the others take its nodes over without waiting for the TTL."""
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
         lease, self.clock.lease = self.clock.lease, 0
         self.clock.lost()
-        if revoke and lease:
+        if lease:
             try:
                 await self.etcd.revoke(lease)
-            except EtcdUnavailable as error:
+            except (EtcdUnavailable, EtcdError) as error:
                 log.warning(
                     "leaving: could not revoke the lease (it expires in %d s): %s", self.ttl, error
                 )
@@ -164,7 +164,7 @@ class Membership:
                     self.on_lease()
                     await self._register(wait_for_name=self.ttl + 1.0)
                     continue
-            except (EtcdUnavailable, RuntimeError) as error:
+            except (EtcdUnavailable, EtcdError, RuntimeError) as error:
                 log.debug("keepalive: %s", error)
                 await asyncio.sleep(min(0.5, self.ttl / 10))
                 continue

@@ -8,7 +8,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from layerpy.cluster.etcd import Compacted, Etcd, EtcdUnavailable, KeyValue
+from layerpy.cluster.etcd import Compacted, Etcd, EtcdError, EtcdUnavailable, KeyValue
 
 log = logging.getLogger("layerpy.cluster")
 
@@ -45,8 +45,8 @@ class Mirror:
                     self._on_change(changed)
             except Compacted:
                 log.info("watch of %s compacted: reading it again", self.prefix)
-            except EtcdUnavailable as error:
-                log.debug("watch of %s: %s", self.prefix, error)
+            except (EtcdUnavailable, EtcdError) as error:
+                log.warning("watch of %s: %s; reading it again", self.prefix, error)
                 await asyncio.sleep(self._retry)
 
     async def _read(self) -> None:

@@ -20,7 +20,7 @@ from ipaddress import IPv4Address
 from typing import Any
 
 from layerpy.cluster.assign import Assignment
-from layerpy.cluster.etcd import Compare, Etcd, EtcdUnavailable, Op
+from layerpy.cluster.etcd import Compare, Etcd, EtcdError, EtcdUnavailable, Op
 from layerpy.cluster.fence import Fence
 from layerpy.cluster.members import Instance, Membership
 from layerpy.cluster.mirror import Mirror
@@ -128,7 +128,7 @@ class Owners:
                         result = await self.etcd.txn(
                             [Compare.value(key, "==", me)], [Op.delete(key)]
                         )
-                except EtcdUnavailable as error:
+                except (EtcdUnavailable, EtcdError) as error:  # e.g. the lease just expired
                     log.debug("%s %s: %s", "claim" if claiming else "release", node, error)
                     return False
             if result.succeeded:
@@ -159,7 +159,7 @@ class Owners:
                 for kv in owner_kvs
             }
             source = "etcd"
-        except EtcdUnavailable as error:
+        except (EtcdUnavailable, EtcdError) as error:
             live, owners = dict(self.members.live), self.owners
             source = f"local copy: etcd did not answer ({error})"
         owned: dict[str, list[str]] = {}
