@@ -4,7 +4,8 @@ runs it in a namespace, kills it with -9 or cuts it off from etcd.
     python cluster_instance.py PREFIX ENDPOINT[,ENDPOINT…] NAME NODES [--ttl 5]
     python cluster_instance.py PREFIX ENDPOINT[,ENDPOINT…] --observe
 
-NODES is a count: the nodes are n000… with no address. Each 50 ms, and at once when the fence
+NODES is a count: the nodes are n000… with no address, given to ownership when a line "go"
+comes on stdin (so the test can start every instance before any claims). Each 50 ms, and at once when the fence
 changes, an instance prints one JSON line: {"t0", "t1": wall times before and after it asked
 its fence, "fresh": its lease known fresh, "allows": [nodes its fence allows]}. An observer
 reads the owner keys each 50 ms and prints {"t0", "t1", "owners": {node: [owner, version]}}
@@ -43,10 +44,12 @@ async def main() -> None:
                          url=f"http://{args.name}:8080", ttl=args.ttl)  # fmt: skip
     changed = asyncio.Event()
     owners = Owners(etcd, members, prefix=args.prefix, on_fence_change=changed.set)
-    owners.set_nodes({f"n{i:03}": None for i in range(args.nodes)})
+    nodes = [f"n{i:03}" for i in range(args.nodes)]
     await members.start()
     await owners.start()
-    nodes = sorted(owners.nodes)
+    loop = asyncio.get_running_loop()
+    go = loop.run_in_executor(None, sys.stdin.readline)
+    go.add_done_callback(lambda _: owners.set_nodes(dict.fromkeys(nodes)))
     while True:
         t0 = time.time()
         fresh = members.clock.fresh(members.now())

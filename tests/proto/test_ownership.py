@@ -45,7 +45,7 @@ class Process:
         with self.stderr.open("wb") as log:
             self.proc = self.ns.netns.popen(
                 [sys.executable, str(SCRIPT), prefix, endpoints, *args],
-                stdout=subprocess.PIPE, stderr=log,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
             )  # fmt: skip
         self.lines: list[dict[str, Any]] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -54,6 +54,12 @@ class Process:
         assert self.proc.stdout is not None
         for raw in self.proc.stdout:
             self.lines.append(json.loads(raw))
+
+    def go(self) -> None:
+        """Give the instance its nodes."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"go\n")
+        self.proc.stdin.flush()
 
     def kill(self) -> None:
         os.killpg(self.proc.pid, signal.SIGKILL)  # `ip netns exec` execs: this is its pid
@@ -89,6 +95,17 @@ def run(etcd_cluster: EtcdCluster, tmp_path: Path) -> Iterator[Callable[..., Pro
         if process.proc.poll() is None:
             process.kill()
     etcd_cluster.heal()
+
+
+def start(run: Callable[..., Process], *names: str) -> list[Process]:
+    """Instances, each registered and following etcd before any has nodes to claim."""
+    instances = [run(name, str(NODES)) for name in names]
+    for instance in instances:
+        wait_for(lambda i=instance: i.lines and i.lines[-1]["fresh"], 30,
+                 f"instance {instance.name} registered", instance)  # fmt: skip
+    for instance in instances:
+        instance.go()
+    return instances
 
 
 def owners(observer: Process) -> dict[str, str]:
@@ -131,7 +148,7 @@ def check_one_owner(instances: list[Process], observer: Process) -> None:
 
 def test_a_killed_instances_nodes_are_taken_over_by_the_others(run) -> None:
     observer = run("--observe")
-    a, b, c = run("a", str(NODES)), run("b", str(NODES)), run("c", str(NODES))
+    a, b, c = start(run, "a", "b", "c")
     wait_for(lambda: all_owned(observer), 30, "node owned by an instance each", a, b, c)
     split = owners(observer)
     assert set(split.values()) == {"a", "b", "c"}, f"not split between the three: {split}"
@@ -159,7 +176,7 @@ def test_a_killed_instances_nodes_are_taken_over_by_the_others(run) -> None:
 
 def test_an_instance_cut_off_from_etcd_stops_acting_within_its_ttl(run) -> None:
     observer = run("--observe")
-    a, b = run("a", str(NODES)), run("b", str(NODES))
+    a, b = start(run, "a", "b")
     wait_for(lambda: all_owned(observer) and set(owners(observer).values()) == {"a", "b"}, 30,
              "nodes split between a and b", a, b)  # fmt: skip
     wait_for(lambda: a.lines and a.lines[-1]["allows"], 5, "fence of a open", a)
@@ -188,7 +205,7 @@ def test_an_instance_cut_off_from_etcd_stops_acting_within_its_ttl(run) -> None:
 
 def test_with_etcd_quorum_lost_no_instance_acts_and_owners_stay(run, etcd_cluster) -> None:
     observer = run("--observe")
-    a, b = run("a", str(NODES)), run("b", str(NODES))
+    a, b = start(run, "a", "b")
     wait_for(lambda: all_owned(observer) and set(owners(observer).values()) == {"a", "b"}, 30,
              "nodes split between a and b", a, b)  # fmt: skip
     before = owners(observer)

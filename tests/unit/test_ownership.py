@@ -8,7 +8,7 @@ from ipaddress import IPv4Address
 
 import pytest
 
-from layerpy.cluster.assign import Assignment, parse_segment, preferred, serves
+from layerpy.cluster.assign import Assignment, Decision, parse_segment, preferred, serves
 from layerpy.cluster.fence import Fence, LeaseClock
 
 from clock import Clock
@@ -25,16 +25,39 @@ def test_preferred_splits_evenly_and_moves_only_a_dead_instances_nodes() -> None
     assert all(without_c[node] == owner for node, owner in picks.items() if owner != "c")
 
 
-def test_preferred_instances_claim_disjoint_sets_at_once_and_cover_every_node() -> None:
-    claims = {name: Assignment(name, grace=1.0).decide(0.0, ALL3, NODES, {}) for name in ALL3}
+def joined(name: str, grace: float = 1.0, at: float = 0.0) -> Assignment:
+    """An Assignment of an instance that joined at ``at`` (and has claimed nothing)."""
+    assignment = Assignment(name, grace)
+    assignment.decide(at, ALL3, {}, {})
+    return assignment
+
+
+def test_preferred_instances_claim_disjoint_sets_and_cover_every_node() -> None:
+    claims = {name: joined(name).decide(1.0, ALL3, NODES, {}) for name in ALL3}
     sets = [set(decision.claim) for decision in claims.values()]
     assert sum(map(len, sets)) == len(NODES) and set().union(*sets) == set(NODES)
-    assert all(decision.wake_at == 1.0 and not decision.release for decision in claims.values())
+    assert all(decision.wake_at == 2.0 and not decision.release for decision in claims.values())
+
+
+def test_a_joining_instance_claims_nothing_for_the_grace() -> None:
+    a = Assignment("a", grace=1.0)
+    alone = {"a": ""}
+    assert a.decide(5.0, alone, NODES, {}) == Decision((), (), 6.0)
+    assert a.decide(5.9, alone, NODES, {}).claim == ()
+    assert a.decide(6.0, alone, NODES, {}).claim == tuple(NODES)
+    # b preferred for some nodes, but silent: a takes them a grace after its own settling
+    b_first = {node: None for node in NODES if preferred(node, ALL3) == "b"}
+    a = Assignment("a", grace=1.0)
+    assert a.decide(5.0, ALL3, b_first, {}) == Decision((), (), 7.0)
+    assert a.decide(6.5, ALL3, b_first, {}).claim == ()
+    assert a.decide(7.0, ALL3, b_first, {}).claim == tuple(b_first)
+    a.decide(7.0, {}, NODES, {})  # its lease went: it joins again
+    assert a.decide(8.0, alone, NODES, {}) == Decision((), (), 9.0)
 
 
 def test_an_unowned_node_is_claimed_by_another_instance_after_the_grace() -> None:
     node = next(n for n in NODES if preferred(n, ALL3) == "c")  # c is preferred but silent
-    a = Assignment("a", grace=1.0)
+    a = joined("a")
     assert a.decide(10.0, ALL3, {node: None}, {}).claim == ()
     assert a.decide(10.9, ALL3, {node: None}, {}).wake_at == 11.0
     assert a.decide(11.0, ALL3, {node: None}, {}).claim == (node,)
@@ -62,7 +85,7 @@ def test_an_owner_releases_nodes_that_left_the_file_or_its_segment() -> None:
 def test_only_instances_of_the_nodes_segment_claim_it() -> None:
     segments = {"a": "10.1.0.0/24", "b": "10.2.0.0/24", "c": ""}
     nodes = {"x": IPv4Address("10.1.0.7"), "y": IPv4Address("10.3.0.1"), "z": None}
-    b = Assignment("b", grace=0.0).decide(5.0, segments, nodes, {})
+    b = Assignment("b", grace=0.0).decide(5.0, segments, nodes, {})  # grace 0: no settling
     assert b.claim == ("z",)  # x is a's segment's (and c's), y is c's only
     c = Assignment("c", grace=0.0).decide(5.0, segments, nodes, {})
     assert c.claim == ("x", "y", "z")

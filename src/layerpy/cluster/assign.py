@@ -12,6 +12,9 @@ Rules:
 - Among the live instances that serve an unowned node, rendezvous (highest-random-weight)
   hashing names the preferred one: it claims at once; any other claims after ``grace``
   seconds, so a node never stays unowned because its preferred instance is gone.
+- An instance that has just joined (or joined again) claims nothing for ``grace`` seconds:
+  instances started together see each other before the first takes every node; and it
+  claims nodes it is not preferred for only a grace after that.
 - Ownership is sticky: an owned node stays with its owner while the owner lives, also when
   an instance joins (no rebalancing; the newcomer takes unowned nodes only). Moving live
   nodes would open a gap in which nobody acts, for no gain in safety.
@@ -77,6 +80,7 @@ class Assignment:
         self.me = me
         self.grace = grace
         self._unowned_since: dict[str, float] = {}
+        self._joined_at: float | None = None  # when this instance was first seen live
 
     def decide(
         self,
@@ -89,7 +93,11 @@ class Assignment:
         alive); ``nodes``: node name → address; ``owners``: node name → owning instance."""
         if self.me not in instances:  # no lease, no claim: wait to be registered again
             self._unowned_since.clear()
+            self._joined_at = None
             return Decision((), (), None)
+        if self._joined_at is None:
+            self._joined_at = now
+        settled = self._joined_at + self.grace
         release = tuple(
             sorted(
                 node
@@ -109,8 +117,12 @@ class Assignment:
                 continue
             first = since.setdefault(node, now)
             candidates = (name for name, seg in instances.items() if serves(seg, address))
-            if preferred(node, candidates) == self.me or now >= first + self.grace:
+            if preferred(node, candidates) == self.me:
+                ready = settled
+            else:  # the preferred one's own settling may just be ending: a grace after ours
+                ready = max(first, settled) + self.grace
+            if now >= ready:
                 claim.append(node)
             else:
-                wake_at = min(wake_at or first + self.grace, first + self.grace)
+                wake_at = ready if wake_at is None else min(wake_at, ready)
         return Decision(tuple(claim), release, wake_at)
