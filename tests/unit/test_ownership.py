@@ -10,6 +10,7 @@ import pytest
 
 from layerpy.cluster.assign import Assignment, Decision, parse_segment, preferred, serves
 from layerpy.cluster.fence import Fence, LeaseClock
+from layerpy.cluster.members import Instance, serving
 
 from clock import Clock
 
@@ -162,3 +163,15 @@ def test_the_fence_says_once_when_it_closes_and_once_when_it_opens(
     lines = [record.getMessage() for record in caplog.records]
     assert len(lines) == 3 and "lost etcd" in lines[1] and "fresh" in lines[2], lines
     assert len(changes) == 3
+
+
+def test_instance_records_are_checked_and_name_the_servers_of_a_node() -> None:
+    a = Instance("a", "http://10.1.0.1:8080", "10.1.0.0/24", 1.0, "0.1.0")
+    b = Instance("b", "http://10.2.0.1:8080", "10.2.0.0/24", 1.0, "0.1.0")
+    c = Instance("c", "http://10.9.0.1:8080", "", 1.0, "0.1.0")
+    assert Instance.from_json(a.to_json()) == a
+    for bad in (b"[]", b'{"name": "a"}', a.to_json().replace(b"10.1.0.0/24", b"rack1")):
+        with pytest.raises(ValueError):
+            Instance.from_json(bad)
+    assert serving([c, b, a], IPv4Address("10.1.0.7")) == [a, c]
+    assert serving([c, b, a], None) == [a, b, c]

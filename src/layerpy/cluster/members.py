@@ -13,11 +13,12 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
+from ipaddress import IPv4Address
 
 from layerpy import __version__
-from layerpy.cluster.assign import parse_segment
+from layerpy.cluster.assign import parse_segment, serves
 from layerpy.cluster.etcd import Compare, Etcd, EtcdError, EtcdUnavailable, Op
 from layerpy.cluster.fence import LeaseClock
 from layerpy.cluster.mirror import Mirror
@@ -52,6 +53,11 @@ class Instance:
                 raise ValueError(f"an instance record's {field!r} is missing or mistyped")
         parse_segment(record["segment"])
         return cls(**{field: record[field] for field in fields})
+
+
+def serving(instances: Iterable[Instance], address: IPv4Address | None) -> list[Instance]:
+    """The instances that serve a node at ``address``, by name: an agent's server list."""
+    return sorted((i for i in instances if serves(i.segment, address)), key=lambda i: i.name)
 
 
 def check_name(name: str) -> str:
