@@ -5,6 +5,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from etcd import EtcdCluster
 from netns import Link, need_root
 from nodefile import BOOT_SECTIONS, write_boot_files
 
@@ -68,3 +69,12 @@ def make_config(tmp_path: Path):
         return load(path)
 
     return make
+
+
+@pytest.fixture(scope="module")
+def etcd_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """A 3-member etcd cluster in namespaces of its own, one per test module (tests/etcd.py)."""
+    need_root()
+    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd", numbered=True))
+    yield cluster
+    cluster.close()

@@ -7,13 +7,18 @@ teardown kills only the processes started here before deleting the namespace.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 _counter = itertools.count()
 
@@ -105,3 +110,33 @@ class Link:
     def close(self) -> None:
         self.client.close()
         self.server.close()
+
+
+_CLONE_NEWNET = 0x40000000
+
+
+def call_in(namespace: str, function: Callable[[], T]) -> T:
+    """function() in a thread of its own that has entered the namespace: sockets it opens
+    live there (pytest itself stays in the default namespace; os.setns is 3.12's)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            fd = os.open(f"/run/netns/{namespace}", os.O_RDONLY)
+            try:
+                if libc.setns(fd, _CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), f"setns into {namespace}")
+            finally:
+                os.close(fd)
+            outcome.append((True, function()))
+        except BaseException as error:
+            outcome.append((False, error))
+
+    thread = threading.Thread(target=run, name=f"in-{namespace}")
+    thread.start()
+    thread.join()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value

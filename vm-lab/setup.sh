@@ -8,7 +8,8 @@ PACKAGES=(
   python3-venv qemu-system-x86 qemu-utils ipxe ovmf busybox-static udhcpc
   isc-dhcp-client isc-dhcp-relay tftp-hpa atftp curl iproute2 cpio zstd kmod gzip ipmitool
   umoci skopeo docker-registry squashfs-tools-ng mmdebstrap dnsmasq-base systemd-container
-  ansible-core slurmctld slurm-client munge chromium prometheus
+  ansible-core slurmctld slurm-client munge chromium prometheus etcd-server etcd-client
+  iptables openssl
 )
 
 vm-lab/install-packages.sh "${PACKAGES[@]}"
