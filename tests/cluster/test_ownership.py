@@ -10,6 +10,7 @@ puts an absent key), so one node never has two owners.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -140,10 +141,12 @@ def check_one_owner(instances: list[Process], observer: Process) -> None:
         for node, first in open_at.items():
             runs.setdefault(node, []).append((first, last[node], process.name))
     for node, spans in runs.items():
-        spans.sort()
-        for (_, end, who), (start, _, other) in zip(spans, spans[1:], strict=False):
+        for (start, end, who), (other_start, other_end, other) in itertools.combinations(spans, 2):
             if who != other:
-                assert end < start, f"{node}: {who} allowed until {end}, {other} from {start}"
+                assert end < other_start or other_end < start, (
+                    f"{node}: {who} allowed it from {start} to {end}, {other} from "
+                    f"{other_start} to {other_end}"
+                )
 
 
 def test_a_killed_instances_nodes_are_taken_over_by_the_others(run) -> None:
