@@ -67,14 +67,14 @@ class Process:
         self.proc.wait()
 
     def log(self) -> str:
-        return self.stderr.read_text(errors="replace")[-3000:]
+        return self.stderr.read_text(errors="replace")
 
 
 def wait_for(condition: Callable[[], object], timeout: float, what: str, *logs: Process) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            said = "\n".join(f"--- {p.name}:\n{p.log()}" for p in logs)
+            said = "\n".join(f"--- {p.name}:\n{p.log()[-3000:]}" for p in logs)
             raise AssertionError(f"no {what} after {timeout:g} s\n{said}")
         time.sleep(0.05)
 
@@ -203,6 +203,9 @@ def test_an_instance_cut_off_from_etcd_stops_acting_within_its_ttl(run) -> None:
     wait_for(lambda: a.lines[-1]["fresh"], 20, "fence of a fresh again", a)
     time.sleep(1.0)  # what a would claim, it claims at once (or after the 1 s grace)
     assert set(owners(observer).values()) == {"b"} and not a.lines[-1]["allows"]
+    said = a.log()
+    assert said.count("lost etcd") == 1 and "is gone: registering a again" in said, said
+    assert said.count("fresh: acting") == 2, said  # at the start, and with the new lease
     check_one_owner([a, b], observer)
 
 
@@ -226,4 +229,7 @@ def test_with_etcd_quorum_lost_no_instance_acts_and_owners_stay(run, etcd_cluste
     wait_for(lambda: a.lines[-1]["allows"] and b.lines[-1]["allows"], 20,
              "fences of a and b open again", a, b)  # fmt: skip
     assert owners(observer) == before, "owners changed across the quorum loss"
+    for process in (a, b):
+        said = process.log()
+        assert said.count("lost etcd") == 1 and said.count("fresh: acting") == 2, said
     check_one_owner([a, b], observer)
