@@ -98,9 +98,10 @@ def run(etcd_cluster: EtcdCluster, tmp_path: Path) -> Iterator[Callable[..., Pro
     etcd_cluster.heal()
 
 
-def start(run: Callable[..., Process], *names: str) -> list[Process]:
-    """Instances, each registered and following etcd before any has nodes to claim."""
-    instances = [run(name, str(NODES)) for name in names]
+def start(run: Callable[..., Process], *names: str, **segments: str) -> list[Process]:
+    """Instances, each registered and following etcd before any has nodes to claim. Node i
+    is at 10.{1 + i % 2}.0.{10 + i}; ``segments`` gives instances a segment (default "")."""
+    instances = [run(name, str(NODES), "--segment", segments.get(name, "")) for name in names]
     for instance in instances:
         wait_for(lambda i=instance: i.lines and i.lines[-1]["fresh"], 30,
                  f"instance {instance.name} registered", instance)  # fmt: skip
@@ -174,6 +175,22 @@ def test_a_killed_instances_nodes_are_taken_over_by_the_others(run) -> None:
     }, "nodes of the living instances moved (ownership is sticky)"
     wait_for(lambda: {n for p in (a, c) for n in p.lines[-1]["allows"]} == set(split),
              5, "fences of a and c allowing every node", a, c)  # fmt: skip
+    check_one_owner([a, b, c], observer)
+
+
+def test_a_dead_instances_nodes_go_to_an_instance_of_its_segment(run) -> None:
+    observer = run("--observe")
+    one, two = "10.1.0.0/24", "10.2.0.0/24"
+    a, b, c = start(run, "a", "b", "c", a=one, b=one, c=two)
+    wait_for(lambda: all_owned(observer), 30, "node owned by an instance each", a, b, c)
+    split = owners(observer)
+    assert {n for n, o in split.items() if o == "c"} == {f"n{i:03}" for i in range(1, NODES, 2)}
+    assert {o for n, o in split.items() if int(n[1:]) % 2 == 0} == {"a", "b"}
+    a.kill()
+    wait_for(lambda: "a" not in owners(observer).values() and all_owned(observer), 20,
+             "take-over of a's nodes", b, c)  # fmt: skip
+    now = owners(observer)
+    assert {n for n, o in now.items() if o == "c"} == {n for n, o in split.items() if o == "c"}
     check_one_owner([a, b, c], observer)
 
 
