@@ -10,6 +10,7 @@ puts an absent key), so one node never has two owners.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
@@ -23,6 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from layerpy.cli import cluster_rows
+from layerpy.cluster.etcd import Etcd
+from layerpy.cluster.members import Membership
+from layerpy.cluster.owners import Owners
 
 from etcd import EtcdCluster
 from netns import unique_name
@@ -48,6 +54,7 @@ class Process:
                 [sys.executable, str(SCRIPT), prefix, endpoints, *args],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
             )  # fmt: skip
+        self.prefix = prefix
         self.lines: list[dict[str, Any]] = []
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -250,3 +257,46 @@ def test_with_etcd_quorum_lost_no_instance_acts_and_owners_stay(run, etcd_cluste
         said = process.log()
         assert said.count("lost etcd") == 1 and said.count("fresh: acting") == 2, said
     check_one_owner([a, b], observer)
+
+
+def test_the_operator_view_shows_each_instance_its_health_and_its_nodes(
+    run, etcd_cluster: EtcdCluster
+) -> None:
+    observer = run("--observe")
+    a, b = start(run, "a", "b")
+    wait_for(lambda: all_owned(observer), 30, "node owned by an instance each", a, b)
+    split = owners(observer)
+
+    async def look() -> tuple[dict[str, Any], dict[str, Any]]:
+        """An instance of no nodes (in a namespace of its own), asked before and after b dies."""
+        etcd = Etcd(etcd_cluster.endpoints, timeout=1.0)
+        await etcd.open()
+        members = Membership(etcd, prefix=observer.prefix, name="v", url="http://v:8080")
+        view = Owners(etcd, members, prefix=observer.prefix)
+        await members.start()
+        await view.start()
+        try:
+            while set(members.live) != {"a", "b", "v"}:
+                await asyncio.sleep(0.05)
+            before = await view.overview()
+            b.kill()
+            while "b" in view.owners.values() or len(view.owners) < NODES or "b" in members.live:
+                await asyncio.sleep(0.05)
+            return before, await view.overview()
+        finally:
+            await view.stop()
+            await members.stop()
+            await etcd.close()
+
+    before, after = etcd_cluster.add_instance().run(look, timeout=60)
+    entries = {entry["name"]: entry for entry in before["instances"]}
+    assert set(entries) == {"a", "b", "v"} and all(e["alive"] for e in entries.values())
+    assert {n: name for name, e in entries.items() for n in e["nodes"]} == split
+    assert entries["v"]["self"] and 0 < entries["v"]["lease_fresh_for"] <= TTL - 1
+    assert entries["a"]["url"] == "http://a:8080" and before["source"] == "etcd"
+    entries = {entry["name"]: entry for entry in after["instances"]}
+    assert not entries["b"]["alive"] and entries["b"]["nodes"] == []
+    assert len(entries["a"]["nodes"]) == NODES
+    rows = {row[0]: row for row in cluster_rows(after, time.time())}
+    assert rows["b"][1].startswith("gone ") and rows["a"][5].startswith(f"{NODES} n[000-")
+    assert rows["v *"][1].startswith("alive, lease fresh")
