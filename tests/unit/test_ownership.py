@@ -8,7 +8,7 @@ from ipaddress import IPv4Address
 
 import pytest
 
-from layerpy.cluster.assign import Assignment, Decision, parse_segment, preferred, serves
+from layerpy.cluster.assign import Assignment, Decision, Segments, parse_segment, preferred
 from layerpy.cluster.fence import Fence, LeaseClock
 from layerpy.cluster.members import Instance, serving
 
@@ -92,6 +92,16 @@ def test_only_instances_of_the_nodes_segment_claim_it() -> None:
     assert c.claim == ("x", "y", "z")
 
 
+def test_a_node_in_no_live_instances_segment_is_anyones_until_its_segment_is_back() -> None:
+    racks = {"a": "10.1.0.0/24", "b": "10.2.0.0/24"}
+    relayed = {"r": IPv4Address("10.3.0.1")}  # behind a relay: in no instance's segment
+    assert set(Segments(racks).candidates(relayed["r"])) == {"a", "b"}
+    x = {"x": IPv4Address("10.1.0.7")}
+    b = Assignment("b", grace=0.0)
+    assert b.decide(5.0, {"b": racks["b"]}, x, {}).claim == ("x",)  # a is gone: b takes x
+    assert b.decide(6.0, racks, x, {"x": "b"}).release == ("x",)  # a is back: x goes to it
+
+
 def test_no_claim_without_this_instance_registered() -> None:
     decision = Assignment("a", grace=0.0).decide(0.0, {"b": ""}, NODES, {})
     assert decision == Assignment("a", 0.0).decide(0.0, {}, {}, {})
@@ -104,9 +114,10 @@ def test_segments() -> None:
     for bad in ("rack1", "10.1.0.1/24", "10.1.0.0/33"):
         with pytest.raises(ValueError, match="neither empty nor an IPv4 subnet"):
             parse_segment(bad)
-    assert serves("", IPv4Address("192.0.2.1")) and serves("10.1.0.0/24", None)
-    assert not serves("10.1.0.0/24", IPv4Address("10.1.1.1"))
-    assert not serves("rack1", IPv4Address("10.1.1.1"))  # a broken peer's record serves nothing
+    segments = Segments({"a": "10.1.0.0/24", "b": "", "c": "rack1"})  # c: a broken record
+    assert segments.candidates(IPv4Address("10.1.0.9")) == ["a", "b"]
+    assert segments.candidates(IPv4Address("10.1.1.1")) == ["b"]
+    assert segments.candidates(None) == ["a", "b"]
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ decide the same claim at once still end with one owner.
 
 Rules:
 - An instance serves a node when its segment is ``""`` (every node) or the node's address
-  lies in the segment's subnet; a node with no known address is served by every instance.
+  lies in the segment's subnet; a node in no live instance's segment, or with no known
+  address, is served by every instance (``Segments``).
 - Among the live instances that serve an unowned node, rendezvous (highest-random-weight)
   hashing names the preferred one: it claims at once; any other claims after ``grace``
   seconds, so a node never stays unowned because its preferred instance is gone.
@@ -18,7 +19,8 @@ Rules:
 - Ownership is sticky: an owned node stays with its owner while the owner lives, also when
   an instance joins (no rebalancing; the newcomer takes unowned nodes only). Moving live
   nodes would open a gap in which nobody acts, for no gain in safety.
-- An owner releases a node that left the file or that it no longer serves.
+- An owner releases a node that left the file or that it no longer serves (an instance of
+  the node's own segment is back).
 """
 
 from __future__ import annotations
@@ -43,15 +45,25 @@ def parse_segment(text: str) -> IPv4Network | None:
         raise ValueError(message) from None
 
 
-def serves(segment: str, address: IPv4Address | None) -> bool:
-    """Whether an instance of ``segment`` may own a node at ``address`` (None: unknown)."""
-    if segment == EVERY_NODE or address is None:
-        return True
-    try:
-        network = parse_segment(segment)
-    except ValueError:
-        return False  # a record from a newer or broken peer serves nothing rather than all
-    return network is None or address in network
+class Segments:
+    """Which live instances may own a node: those whose segment holds its address (or is
+    ""); every instance when none does (a node behind a relay, or one whose segment's
+    instances are all gone: it is better owned than not) or its address is unknown."""
+
+    def __init__(self, instances: Mapping[str, str]) -> None:
+        self._networks: dict[str, IPv4Network | None] = {}
+        for name, text in instances.items():
+            try:
+                self._networks[name] = parse_segment(text)
+            except ValueError:
+                continue  # a record from a newer or broken peer: it owns nothing
+
+    def candidates(self, address: IPv4Address | None) -> list[str]:
+        every = list(self._networks)
+        if address is None:
+            return every
+        inside = [name for name, net in self._networks.items() if net is None or address in net]
+        return inside or every
 
 
 def weight(instance: str, node: str) -> int:
@@ -98,12 +110,13 @@ class Assignment:
         if self._joined_at is None:
             self._joined_at = now
         settled = self._joined_at + self.grace
+        segments = Segments(instances)
         release = tuple(
             sorted(
                 node
                 for node, owner in owners.items()
                 if owner == self.me
-                and (node not in nodes or not serves(instances[self.me], nodes[node]))
+                and (node not in nodes or self.me not in segments.candidates(nodes[node]))
             )
         )
         claim: list[str] = []
@@ -112,11 +125,11 @@ class Assignment:
         for node in [node for node in since if node not in nodes]:
             del since[node]
         for node, address in nodes.items():
-            if node in owners or not serves(instances[self.me], address):
+            candidates = () if node in owners else segments.candidates(address)
+            if self.me not in candidates:
                 since.pop(node, None)
                 continue
             first = since.setdefault(node, now)
-            candidates = (name for name, seg in instances.items() if serves(seg, address))
             if preferred(node, candidates) == self.me:
                 ready = settled
             else:  # the preferred one's own settling may just be ending: a grace after ours

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from ipaddress import IPv4Address
 
 from layerpy import __version__
-from layerpy.cluster.assign import parse_segment, serves
+from layerpy.cluster.assign import Segments, parse_segment
 from layerpy.cluster.etcd import Compare, Etcd, EtcdError, EtcdUnavailable, Op
 from layerpy.cluster.fence import LeaseClock
 from layerpy.cluster.mirror import Mirror
@@ -57,7 +57,9 @@ class Instance:
 
 def serving(instances: Iterable[Instance], address: IPv4Address | None) -> list[Instance]:
     """The instances that serve a node at ``address``, by name: an agent's server list."""
-    return sorted((i for i in instances if serves(i.segment, address)), key=lambda i: i.name)
+    by_name = {instance.name: instance for instance in instances}
+    names = Segments({name: i.segment for name, i in by_name.items()}).candidates(address)
+    return [by_name[name] for name in sorted(names)]
 
 
 def check_name(name: str) -> str:

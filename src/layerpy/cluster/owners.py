@@ -135,10 +135,14 @@ class Owners:
                 log.info("%s %s", "claimed" if claiming else "released", node)
             return True
 
-        done = await asyncio.gather(
-            *(one(node, True) for node in claim), *(one(node, False) for node in release)
-        )
-        return all(done)
+        # stop acting on a node before its key goes: another may claim it the moment it does
+        self.fence.set_owned(dict.fromkeys(release))
+        claimed = await asyncio.gather(*(one(node, True) for node in claim))
+        released = await asyncio.gather(*(one(node, False) for node in release))
+        kept = {node for node, done in zip(release, released, strict=True) if not done}
+        if kept:  # releases etcd did not take: the fence as the keys say
+            self._owners_changed(kept)
+        return all(claimed) and not kept
 
     async def overview(self) -> dict[str, Any]:
         """Every instance with its health and the nodes it owns, for ``layerpy cluster`` and
