@@ -128,12 +128,13 @@ def clock() -> Clock:
 def test_the_fence_closes_at_the_local_deadline_without_hearing_from_etcd(clock: Clock) -> None:
     lease = LeaseClock(margin=1.0)
     changes: list[int] = []
-    fence = Fence(lease, clock, lambda: changes.append(1))
+    fence = Fence(lease, clock, lambda: changes.append(1), {"n3": "b"}.get)
     lease.granted(7, sent_at=clock.now, ttl=5)
     fence.set_owned({"n1": 7, "n2": 7, "n3": None})
     assert changes == [1]  # once for the batch
     assert fence.allows("n1") and fence.why_not("n1") is None
-    assert not fence.allows("n3") and "owned by another" in (fence.why_not("n3") or "")
+    assert not fence.allows("n3") and fence.why_not("n3") == "n3 is owned by instance b"
+    assert fence.why_not("n4") == "n4 has no owner yet"
     clock.now += 2.0
     lease.renewed(7, sent_at=clock.now - 0.5, ttl=5)  # sent 0.5 s ago: fresh until +3.5
     clock.now += 3.49

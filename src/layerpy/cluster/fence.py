@@ -51,11 +51,16 @@ class Fence:
     wire it to ``Lifecycle.fence_changed``."""
 
     def __init__(
-        self, clock: LeaseClock, now: Callable[[], float], on_change: Callable[[], None]
+        self,
+        clock: LeaseClock,
+        now: Callable[[], float],
+        on_change: Callable[[], None],
+        owner_of: Callable[[str], str | None] = lambda node: None,
     ) -> None:
         self._clock = clock
         self._now = now
         self._on_change = on_change
+        self._owner_of = owner_of  # the instance etcd names as a node's owner, for why_not
         self.owned: dict[str, int] = {}
         self._open = False  # what was last said (logged and told) about the lease
 
@@ -68,7 +73,8 @@ class Fence:
         if not self._clock.fresh(self._now()):
             return "this instance lost etcd (its lease is not known fresh): it acts on no node"
         if self.owned.get(name) != self._clock.lease:
-            return f"{name} is owned by another instance (or by none yet)"
+            owner = self._owner_of(name)
+            return f"{name} is owned by instance {owner}" if owner else f"{name} has no owner yet"
         return None
 
     def set_owned(self, changes: Mapping[str, int | None]) -> None:

@@ -50,9 +50,9 @@ class Owners:
         self.members = members
         self.key_prefix = f"{prefix}/owners/"
         self.assignment = Assignment(members.name, grace)
-        self.fence = Fence(members.clock, members.now, on_fence_change)
-        self.nodes: dict[str, IPv4Address | None] = {}
         self._mirror = Mirror(etcd, self.key_prefix, self._owners_changed)
+        self.fence = Fence(members.clock, members.now, on_fence_change, self._owner_of)
+        self.nodes: dict[str, IPv4Address | None] = {}
         self._dirty = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         members.on_lease = self._lease_changed
@@ -62,6 +62,10 @@ class Owners:
     def owners(self) -> dict[str, str]:
         """node → owning instance, as last mirrored."""
         return {node: kv.value.decode(errors="replace") for node, kv in self._mirror.kvs.items()}
+
+    def _owner_of(self, node: str) -> str | None:
+        kv = self._mirror.kvs.get(node)
+        return None if kv is None else kv.value.decode(errors="replace")
 
     def set_nodes(self, nodes: Mapping[str, IPv4Address | None]) -> None:
         """The nodes of the file in force, with their addresses (None: not known)."""
