@@ -115,9 +115,9 @@ def test_segments() -> None:
         with pytest.raises(ValueError, match="neither empty nor an IPv4 subnet"):
             parse_segment(bad)
     segments = Segments({"a": "10.1.0.0/24", "b": "", "c": "rack1"})  # c: a broken record
-    assert segments.candidates(IPv4Address("10.1.0.9")) == ["a", "b"]
-    assert segments.candidates(IPv4Address("10.1.1.1")) == ["b"]
-    assert segments.candidates(None) == ["a", "b"]
+    assert segments.candidates(IPv4Address("10.1.0.9")) == ("a", "b")
+    assert segments.candidates(IPv4Address("10.1.1.1")) == ("b",)
+    assert segments.candidates(None) == ("a", "b")
 
 
 @pytest.fixture

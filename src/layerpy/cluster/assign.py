@@ -48,22 +48,33 @@ def parse_segment(text: str) -> IPv4Network | None:
 class Segments:
     """Which live instances may own a node: those whose segment holds its address (or is
     ""); every instance when none does (a node behind a relay, or one whose segment's
-    instances are all gone: it is better owned than not) or its address is unknown."""
+    instances are all gone: it is better owned than not) or its address is unknown.
+    Answers are remembered per address: one Segments lives as long as the live set."""
 
     def __init__(self, instances: Mapping[str, str]) -> None:
-        self._networks: dict[str, IPv4Network | None] = {}
+        self.instances = dict(instances)
+        self._masks: list[tuple[str, int, int]] = []  # name, network as int, netmask as int
         for name, text in instances.items():
             try:
-                self._networks[name] = parse_segment(text)
+                network = parse_segment(text)
             except ValueError:
                 continue  # a record from a newer or broken peer: it owns nothing
+            if network is None:
+                self._masks.append((name, 0, 0))
+            else:
+                self._masks.append((name, int(network.network_address), int(network.netmask)))
+        self._every = tuple(name for name, _, _ in self._masks)
+        self._known: dict[IPv4Address, tuple[str, ...]] = {}
 
-    def candidates(self, address: IPv4Address | None) -> list[str]:
-        every = list(self._networks)
+    def candidates(self, address: IPv4Address | None) -> tuple[str, ...]:
         if address is None:
-            return every
-        inside = [name for name, net in self._networks.items() if net is None or address in net]
-        return inside or every
+            return self._every
+        if (known := self._known.get(address)) is not None:
+            return known
+        number = int(address)
+        inside = tuple(name for name, net, mask in self._masks if number & mask == net)
+        self._known[address] = found = inside or self._every
+        return found
 
 
 def weight(instance: str, node: str) -> int:
@@ -93,6 +104,7 @@ class Assignment:
         self.grace = grace
         self._unowned_since: dict[str, float] = {}
         self._joined_at: float | None = None  # when this instance was first seen live
+        self._segments = Segments({})
 
     def decide(
         self,
@@ -110,7 +122,9 @@ class Assignment:
         if self._joined_at is None:
             self._joined_at = now
         settled = self._joined_at + self.grace
-        segments = Segments(instances)
+        if self._segments.instances != instances:
+            self._segments = Segments(instances)
+        segments = self._segments
         release = tuple(
             sorted(
                 node
