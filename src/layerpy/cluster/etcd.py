@@ -220,7 +220,8 @@ class Etcd:
             lines = _Lines(response.content, MAX_WATCH_MESSAGE)
             while True:
                 try:
-                    line = await asyncio.wait_for(lines.next(), WATCH_IDLE)
+                    async with asyncio.timeout(WATCH_IDLE):  # not wait_for: 3.11's may eat a cancel
+                        line = await lines.next()
                 except TimeoutError:
                     await self._probe(endpoint)
                     continue

@@ -1,0 +1,271 @@
+"""The store's records in etcd (BACKEND.md): a mirror answered at once, etcd written behind it.
+
+At open every record under the prefix is read at one revision into a mirror, and a watch
+follows from that revision, so `load` is synchronous and other instances' changes arrive
+through `on_change`. `put`/`delete` change the mirror at once and queue the write; a writer
+task sends the queue to etcd in order, up to BATCH writes per transaction. While etcd is away
+the queue waits (the instance keeps serving from its mirror) and is sent when etcd returns; a
+key written again while queued keeps its place with the newer record, so the queue holds at
+most one write per key. `create`/`replace` are compare-and-swap transactions the caller awaits.
+
+Values are JSON envelopes {"by": instance, "record": {...}}: the writer's name tells the echo
+of this instance's own writes from other instances' changes (a delete carries no value: it is
+told by revision, see `_on_event`). Per key the mirror keeps the revision its view is current
+at and only moves forward, so a change seen twice (by the watch and by a failed transaction's
+read) is applied and reported once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .etcd import Compacted, Compare, Etcd, EtcdError, EtcdUnavailable, KeyValue, Op
+
+log = logging.getLogger("layerpy.cluster.backend")
+
+KINDS = ("tokens", "bindings", "leases", "overrides", "observed")  # nodes/backend.py's kinds
+BATCH = 64  # writes per transaction (etcd's --max-txn-ops defaults to 128)
+MAX_QUEUED = 1 << 20  # distinct keys waiting for etcd (one write per key: see the docstring)
+
+Record = dict[str, Any]
+Callback = Callable[[str, str, Record | None], None]
+_GONE = object()
+
+
+class BackendFull(Exception):
+    """More distinct keys wait for etcd than MAX_QUEUED (etcd away for very long)."""
+
+
+class EtcdBackend:
+    def __init__(
+        self,
+        etcd: Etcd,
+        instance: str,
+        prefix: str = "/layerpy/v1",
+        kinds: Iterable[str] = KINDS,
+    ) -> None:
+        self._etcd, self.instance = etcd, instance
+        self._prefix = prefix.rstrip("/") + "/"
+        self._mirror: dict[str, dict[str, Record]] = {kind: {} for kind in kinds}
+        self._seen: dict[tuple[str, str], tuple[int, int]] = {}  # (current at, mod_revision)
+        self._queue: OrderedDict[tuple[str, str], bytes | None] = OrderedDict()  # None: delete
+        self._wake = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._callbacks: list[Callback] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def open(self) -> None:
+        """Read every record (raises EtcdUnavailable), then watch and write behind."""
+        revision = await self._read_all()
+        self._tasks = [
+            asyncio.create_task(self._watch(revision), name="etcd-backend-watch"),
+            asyncio.create_task(self._write(), name="etcd-backend-writer"),
+        ]
+
+    async def close(self) -> None:
+        """Stop watching and writing (what is still queued is lost: `flush` first)."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    # --- BACKEND.md -----------------------------------------------------------------
+
+    def load(self, kind: str) -> dict[str, Record]:
+        return dict(self._mirror[kind])
+
+    def put(self, kind: str, key: str, record: Record) -> None:
+        self._enqueue(kind, key, self._encode(record))  # encoded now: the caller may change it
+        self._mirror[kind][key] = record
+
+    def delete(self, kind: str, key: str) -> None:
+        self._enqueue(kind, key, None)
+        self._mirror[kind].pop(key, None)
+
+    async def create(self, kind: str, key: str, record: Record) -> bool:
+        return await self._swap(kind, key, record, Compare.version(self._key(kind, key), "==", 0))
+
+    async def replace(self, kind: str, key: str, record: Record, expected: Record | None) -> bool:
+        if (kind, key) in self._queue:
+            await self.flush()  # its revision is known once written
+        if self._mirror[kind].get(key) != expected:
+            return False
+        name = self._key(kind, key)
+        if expected is None:
+            compare = Compare.version(name, "==", 0)
+        else:
+            compare = Compare.mod_revision(name, "==", self._seen[kind, key][1])
+        return await self._swap(kind, key, record, compare)
+
+    async def flush(self) -> None:
+        await self._drained.wait()
+
+    def on_change(self, callback: Callback) -> None:
+        self._callbacks.append(callback)
+
+    # --- transactions ---------------------------------------------------------------
+
+    async def _swap(self, kind: str, key: str, record: Record, compare: Compare) -> bool:
+        name, value = self._key(kind, key), self._encode(record)
+        result = await self._etcd.txn([compare], [Op.put(name, value)], [Op.get(name)])
+        if result.succeeded:
+            self._settle(kind, key, record, result.revision, result.revision)
+            return True
+        current = result.responses[0][0] if result.responses[0] else None
+        if current is not None and current.value == value:
+            # our own write: applied once already, its answer lost and the retry refused
+            self._settle(kind, key, record, result.revision, current.mod_revision)
+            return True
+        self._learn(kind, key, current, result.revision)
+        return False
+
+    def _settle(self, kind: str, key: str, record: Record, at: int, mod: int) -> None:
+        """Our own write is in etcd at revision `at`."""
+        if at > self._seen.get((kind, key), (0, 0))[0]:
+            self._seen[kind, key] = (at, mod)
+            if (kind, key) not in self._queue:
+                self._mirror[kind][key] = record
+
+    def _learn(self, kind: str, key: str, kv: KeyValue | None, at: int) -> None:
+        """etcd's state of a key at revision `at` (kv None: absent), told to the callbacks if
+        it is news and no write of ours is queued to replace it."""
+        if at <= self._seen.get((kind, key), (0, 0))[0]:
+            return
+        self._seen[kind, key] = (at, kv.mod_revision if kv else 0)
+        if (kind, key) in self._queue:
+            return
+        by, record = self._decode(kv) if kv else ("", None)
+        if kv is not None and record is None:
+            return  # not a record envelope (logged)
+        if self._mirror[kind].get(key) == record:
+            return
+        if record is None:
+            del self._mirror[kind][key]
+        else:
+            self._mirror[kind][key] = record
+        if by == self.instance:
+            return  # the echo of our own create/replace, seen before its answer
+        for callback in self._callbacks:
+            try:
+                callback(kind, key, record)
+            except Exception:
+                log.exception("etcd backend: a change callback failed on %s/%s", kind, key)
+
+    # --- reading and watching -------------------------------------------------------
+
+    async def _read_all(self) -> int:
+        kvs, revision = await self._etcd.range(self._prefix)
+        present = set()
+        for kv in kvs:
+            if (where := self._where(kv.key)) is not None:
+                present.add(where)
+                self._learn(*where, kv, revision)
+        for kind, records in self._mirror.items():
+            for key in [key for key in records if (kind, key) not in present]:
+                self._learn(kind, key, None, revision)
+        return revision
+
+    async def _watch(self, revision: int) -> None:
+        while True:
+            try:
+                async for events in self._etcd.watch(self._prefix, revision + 1):
+                    for event in events:
+                        if (where := self._where(event.kv.key)) is not None:
+                            kv = event.kv if event.kind == "put" else None
+                            self._learn(*where, kv, event.kv.mod_revision)
+                    revision = events[-1].kv.mod_revision
+            except EtcdError as error:
+                if not isinstance(error, Compacted):
+                    log.error("etcd backend: the watch failed: %s", error)
+                    await asyncio.sleep(1)
+                    continue
+                log.warning("etcd backend: %s; reading every record again", error)
+                while True:
+                    try:
+                        revision = await self._read_all()
+                        break
+                    except EtcdUnavailable as error:
+                        log.warning("etcd backend: %s", error)
+
+    # --- writing behind -------------------------------------------------------------
+
+    def _enqueue(self, kind: str, key: str, value: bytes | None) -> None:
+        if (kind, key) not in self._queue and len(self._queue) >= MAX_QUEUED:
+            raise BackendFull(f"{len(self._queue)} writes wait for etcd")
+        self._queue[kind, key] = value
+        self._drained.clear()
+        self._wake.set()
+
+    async def _write(self) -> None:
+        pause, away = 0.1, False
+        size = BATCH
+        while True:
+            if not self._queue:
+                self._drained.set()
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch = list(self._queue.items())[:size]
+            ops = [
+                Op.delete(self._key(*where)) if value is None else Op.put(self._key(*where), value)
+                for where, value in batch
+            ]
+            try:
+                result = await self._etcd.txn([], ops)
+            except EtcdUnavailable as error:
+                if not away:
+                    log.warning("etcd backend: %s; %d writes wait", error, len(self._queue))
+                away = True
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 2.0)
+                continue
+            except EtcdError as error:
+                if size > 1:
+                    size = 1  # find the write etcd refuses
+                    continue
+                log.error("etcd backend: etcd refused the write of %s/%s: %s", *batch[0][0], error)
+                result = None
+            if away:
+                log.warning("etcd backend: etcd is back; %d writes wait", len(self._queue))
+            pause, away, size = 0.1, False, BATCH
+            for where, value in batch:
+                if self._queue.get(where, _GONE) is value:  # not written again meanwhile
+                    del self._queue[where]
+                    if result is not None:
+                        mod = 0 if value is None else result.revision
+                        self._settle_write(where, result.revision, mod)
+
+    def _settle_write(self, where: tuple[str, str], at: int, mod: int) -> None:
+        if at > self._seen.get(where, (0, 0))[0]:
+            self._seen[where] = (at, mod)
+
+    # --- keys and values ------------------------------------------------------------
+
+    def _key(self, kind: str, key: str) -> str:
+        return f"{self._prefix}{kind}/{key}"
+
+    def _where(self, name: str) -> tuple[str, str] | None:
+        """(kind, key) of an etcd key, None when not a record of ours (the node file...)."""
+        kind, _, key = name[len(self._prefix) :].partition("/")
+        return (kind, key) if kind in self._mirror and key else None
+
+    def _encode(self, record: Record) -> bytes:
+        envelope = {"by": self.instance, "record": record}
+        return json.dumps(envelope, separators=(",", ":")).encode()
+
+    def _decode(self, kv: KeyValue) -> tuple[str, Record | None]:
+        try:
+            envelope = json.loads(kv.value)
+            by, record = envelope["by"], envelope["record"]
+            if isinstance(by, str) and isinstance(record, dict):
+                return by, record
+        except (ValueError, TypeError, KeyError):
+            pass
+        log.warning("etcd backend: %s is not a record envelope: ignored", kv.key)
+        return "", None

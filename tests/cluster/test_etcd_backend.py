@@ -1,0 +1,192 @@
+"""EtcdBackend (BACKEND.md) against a real 3-member etcd cluster (tests/etcd.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+
+import pytest
+
+from layerpy.cluster.backend import EtcdBackend
+from layerpy.cluster.etcd import Etcd
+
+from etcd import EtcdCluster, Instance
+
+pytestmark = pytest.mark.netns
+
+_prefixes = itertools.count()
+
+
+@pytest.fixture
+def cluster(etcd_cluster: EtcdCluster) -> Iterator[EtcdCluster]:
+    yield etcd_cluster
+    etcd_cluster.heal()
+
+
+@pytest.fixture
+def instance(cluster: EtcdCluster) -> Instance:
+    return cluster.instances[0] if cluster.instances else cluster.add_instance()
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A prefix of the test's own: the module's tests share one cluster."""
+    return f"/lpt{next(_prefixes)}"
+
+
+@asynccontextmanager
+async def backend(cluster: EtcdCluster, name: str, prefix: str) -> AsyncIterator[EtcdBackend]:
+    etcd = Etcd(cluster.endpoints)
+    await etcd.open()
+    opened = EtcdBackend(etcd, name, prefix)
+    try:
+        await opened.open()
+        yield opened
+    finally:
+        await opened.close()
+        await etcd.close()
+
+
+async def until(condition, what: str, timeout: float = 20) -> None:
+    try:
+        async with asyncio.timeout(timeout):
+            while not condition():
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"waited {timeout} s for {what}") from None
+
+
+def test_records_round_trip(cluster: EtcdCluster, instance: Instance, prefix: str) -> None:
+    async def scenario() -> None:
+        async with backend(cluster, "a", prefix) as a:
+            a.put("tokens", "cn001", {"sha256": "ab", "boot_id": "x", "boots": 1})
+            a.put("leases", "10.0.0.5", {"mac": "52:54:00:00:00:05"})
+            a.put("leases", "10.0.0.6", {"mac": "52:54:00:00:00:06"})
+            a.delete("leases", "10.0.0.6")
+            a.put("observed", "cn/with/slash", {"state": "up"})
+            assert a.load("leases") == {"10.0.0.5": {"mac": "52:54:00:00:00:05"}}  # at once
+            await a.flush()
+        async with backend(cluster, "b", prefix) as b:
+            assert b.load("tokens") == {"cn001": {"sha256": "ab", "boot_id": "x", "boots": 1}}
+            assert b.load("leases") == {"10.0.0.5": {"mac": "52:54:00:00:00:05"}}
+            assert b.load("observed") == {"cn/with/slash": {"state": "up"}}
+            assert b.load("bindings") == {}
+
+    instance.run(scenario)
+
+
+def test_each_backend_hears_the_others_changes_not_its_own(
+    cluster: EtcdCluster, instance: Instance, prefix: str
+) -> None:
+    async def scenario() -> None:
+        async with backend(cluster, "a", prefix) as a, backend(cluster, "b", prefix) as b:
+            heard: dict[str, list] = {"a": [], "b": []}
+            a.on_change(lambda *change: heard["a"].append(change))
+            b.on_change(lambda *change: heard["b"].append(change))
+            a.put("bindings", "cn001", {"mac": "m1"})
+            await a.flush()
+            assert await a.create("leases", "10.0.0.7", {"mac": "m7"})
+            await until(lambda: len(heard["b"]) == 2, "b to hear a's put and create")
+            b.put("bindings", "cn002", {"mac": "m2"})
+            b.delete("bindings", "cn001")
+            await b.flush()
+            # a last write of each: once the other hears it, it has had every echo before
+            a.put("bindings", "end-a", {})
+            b.put("bindings", "end-b", {})
+            await until(lambda: ("bindings", "end-b", {}) in heard["a"], "a to hear end-b")
+            await until(lambda: ("bindings", "end-a", {}) in heard["b"], "b to hear end-a")
+            assert heard["a"] == [
+                ("bindings", "cn002", {"mac": "m2"}),
+                ("bindings", "cn001", None),
+                ("bindings", "end-b", {}),
+            ]
+            assert heard["b"] == [
+                ("bindings", "cn001", {"mac": "m1"}),
+                ("leases", "10.0.0.7", {"mac": "m7"}),
+                ("bindings", "end-a", {}),
+            ]
+            assert a.load("bindings") == b.load("bindings")
+            assert a.load("bindings") == {"cn002": {"mac": "m2"}, "end-a": {}, "end-b": {}}
+
+    instance.run(scenario)
+
+
+def test_create_and_replace_races_have_exactly_one_winner(
+    cluster: EtcdCluster, instance: Instance, prefix: str
+) -> None:
+    async def scenario() -> None:
+        async with backend(cluster, "a", prefix) as a, backend(cluster, "b", prefix) as b:
+            for round in range(40):
+                key = f"10.1.0.{round}"
+                won = await asyncio.gather(
+                    a.create("leases", key, {"mac": "a"}), b.create("leases", key, {"mac": "b"})
+                )
+                assert sorted(won) == [False, True], f"round {round}: create {won}"
+                winner = {"mac": "a" if won[0] else "b"}
+                await until(
+                    lambda key=key, winner=winner: (
+                        a.load("leases").get(key) == winner and b.load("leases").get(key) == winner
+                    ),
+                    "both to see the winner",
+                )
+                swapped = await asyncio.gather(
+                    a.replace("leases", key, {"mac": "a2"}, winner),
+                    b.replace("leases", key, {"mac": "b2"}, winner),
+                )
+                assert sorted(swapped) == [False, True], f"round {round}: replace {swapped}"
+                loser = b if swapped[0] else a
+                final = {"mac": "a2" if swapped[0] else "b2"}
+                await until(lambda key=key, final=final, loser=loser: loser.load("leases").get(key) == final,
+                            "the loser to see the new record")  # fmt: skip
+                assert not await loser.replace("leases", key, {"mac": "x"}, winner)  # stale
+                assert await loser.replace("leases", key, {"mac": "x"}, final)
+
+    instance.run(scenario)
+
+
+def test_a_member_killed_mid_writes_loses_nothing(
+    cluster: EtcdCluster, instance: Instance, prefix: str
+) -> None:
+    async def scenario() -> None:
+        async with backend(cluster, "a", prefix) as a:
+            in_use = next(m for m in cluster.members if m.url == a._etcd.endpoint)
+            for i in range(600):
+                a.put("observed", f"n{i:03}", {"i": i})
+                if i == 200:
+                    await asyncio.sleep(0)  # let the writer start
+                    await asyncio.to_thread(in_use.kill)
+                if i % 50 == 0:
+                    await asyncio.sleep(0.01)
+            await a.flush()
+        async with backend(cluster, "b", prefix) as b:
+            assert b.load("observed") == {f"n{i:03}": {"i": i} for i in range(600)}
+
+    instance.run(scenario)
+
+
+def test_writes_queued_while_quorum_is_lost_land_in_order(
+    cluster: EtcdCluster, instance: Instance, prefix: str
+) -> None:
+    async def scenario() -> None:
+        async with backend(cluster, "a", prefix) as a:
+            start = await a._etcd.put(f"{prefix}/marker", b"")
+            await asyncio.to_thread(cluster.members[1].kill)
+            await asyncio.to_thread(cluster.members[2].kill)
+            for i in range(100):
+                a.put("leases", f"10.2.0.{i}", {"i": i})
+            a.delete("leases", "10.2.0.50")
+            assert len(a.load("leases")) == 99  # served from the mirror meanwhile
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(a.flush()), 3)
+            await asyncio.to_thread(cluster.heal)
+            await asyncio.wait_for(a.flush(), 30)
+            landed: list[str] = []
+            async for events in a._etcd.watch(f"{prefix}/leases/", start):
+                landed += [event.kv.key for event in events]
+                if len(landed) >= 99:
+                    break
+            assert landed == [f"{prefix}/leases/10.2.0.{i}" for i in range(100) if i != 50]
+
+    instance.run(scenario)
