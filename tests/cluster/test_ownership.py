@@ -300,3 +300,25 @@ def test_the_operator_view_shows_each_instance_its_health_and_its_nodes(
     rows = {row[0]: row for row in cluster_rows(after, time.time())}
     assert rows["b"][1].startswith("gone ") and rows["a"][5].startswith(f"{NODES} n[000-")
     assert rows["v *"][1].startswith("alive, lease fresh")
+
+
+def test_a_second_instance_of_a_living_name_is_refused(run, etcd_cluster: EtcdCluster) -> None:
+    observer = run("--observe")
+    (a,) = start(run, "a")
+
+    async def second() -> str:
+        etcd = Etcd(etcd_cluster.endpoints, timeout=1.0)
+        await etcd.open()
+        try:
+            twin = Membership(etcd, prefix=observer.prefix, name="a", url="http://twin", ttl=3)
+            with pytest.raises(RuntimeError) as refused:
+                await twin.start()  # waits a TTL + 1 s for a previous run's record to expire
+            record = await etcd.get(f"{observer.prefix}/instances/a")
+            assert record is not None and b"http://a:8080" in record.value
+            return str(refused.value)
+        finally:
+            await etcd.close()
+
+    said = etcd_cluster.add_instance().run(second, timeout=30)
+    assert said == "another instance named 'a' is alive in etcd"
+    assert a.lines[-1]["fresh"]
