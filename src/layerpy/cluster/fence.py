@@ -91,12 +91,13 @@ class Fence:
         if changed:
             self._on_change()
 
-    def check(self) -> None:
+    def check(self) -> bool:
         """Compare the lease's freshness with what was last said: log one line and tell the
-        lifecycle when it changed. Call it at the deadline and after every keepalive."""
+        lifecycle when it changed (and return True). Call it at the deadline and after every
+        keepalive."""
         fresh = self._clock.fresh(self._now())
         if fresh == self._open:
-            return
+            return False
         self._open = fresh
         if fresh:
             log.info(
@@ -108,3 +109,4 @@ class Fence:
                 self._clock.lease,
             )
         self._on_change()
+        return True

@@ -55,6 +55,7 @@ class Owners:
         self.fence = Fence(members.clock, members.now, on_fence_change, self.owners.get)
         self.nodes: dict[str, IPv4Address | None] = {}
         self._dirty = asyncio.Event()
+        self._lease = 0  # the lease the last decision was made with
         self._tasks: list[asyncio.Task[None]] = []
         members.on_lease = self._lease_changed
         members.on_members = self._dirty.set
@@ -77,8 +78,11 @@ class Owners:
         self._tasks = []
 
     def _lease_changed(self) -> None:
-        self.fence.check()
-        self._dirty.set()
+        """Decide again when the lease turned fresh or stale, or is a new one; not on each
+        keepalive (a decision over many nodes costs CPU)."""
+        if self.fence.check() or self.members.clock.lease != self._lease:
+            self._lease = self.members.clock.lease
+            self._dirty.set()
 
     def _owners_changed(self, keys: set[str]) -> None:
         me = self.members.name
