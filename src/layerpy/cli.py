@@ -956,6 +956,55 @@ def unknown(api: Client, output: str) -> None:
     console.print(table)
 
 
+@main.command()
+@operator_api
+@output_option()
+def cluster(api: Client, output: str) -> None:
+    """The instances of the cluster (with [cluster] in the node file): their health, their
+    segment and the nodes each owns; without [cluster], says this server is alone."""
+    answer = api.call("/api/v1/cluster")
+    if output == "json":
+        _print_json(answer)
+        return
+    if not answer.get("cluster"):
+        click.echo(printable(answer.get("message", "this server is a single instance")))
+        return
+    if answer["source"] != "etcd":
+        click.echo(printable(answer["source"], 300), err=True)
+    table = Table("instance", "health", "segment", "url", "version", "nodes")
+    for row in cluster_rows(answer, time.time()):
+        _row(table, *row)
+    console.print(table)
+    if answer["unowned"]:
+        click.echo(f"unowned: {printable(fold(answer['unowned']), 1000)}")
+
+
+def cluster_rows(answer: dict[str, Any], now: float) -> list[tuple[str, ...]]:
+    """One row per instance: name (``*`` for the one answering), health, segment, URL,
+    version, its nodes as a count and a hostlist."""
+    rows = []
+    for entry in answer["instances"]:
+        if entry["alive"]:
+            health = "alive"
+            if "lease_fresh_for" in entry:
+                fresh = entry["lease_fresh_for"]
+                health = f"alive, lease fresh {fresh:g} s" if fresh else "lost etcd: not acting"
+        elif entry["last_seen"] is not None:
+            health = f"gone {now - entry['last_seen']:.0f} s ago"
+        else:
+            health = "gone"
+        nodes = entry["nodes"]
+        rows.append((
+            entry["name"] + (" *" if entry["self"] else ""),
+            health,
+            entry["segment"] or ("-" if entry["segment"] is None else "all"),
+            entry["url"] or "-",
+            entry["version"] or "-",
+            f"{len(nodes)} {fold(nodes)}" if nodes else "0",
+        ))  # fmt: skip
+    return rows
+
+
 @main.command("console")
 @click.argument("node")
 @click.option("--log", "show_log", is_flag=True, help="Print the captured log and exit.")

@@ -378,3 +378,10 @@ def test_status_watch_on_a_terminal_is_a_live_view(host: Host) -> None:
         term.read_until(lambda seen: re.search(rb"ready\s+1\s+cn001", seen) is not None)
         term.process.send_signal(signal.SIGINT)
         assert term.process.wait(10) == 0
+
+
+def test_cluster_on_a_server_without_cluster_says_it_is_a_single_instance(host: Host) -> None:
+    assert cli(host, "cluster").stdout == (
+        "this server is a single instance (its node file has no [cluster] table)\n"
+    )
+    assert as_json(host, "cluster", "-o", "json")["cluster"] is False

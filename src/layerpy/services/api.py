@@ -27,6 +27,7 @@ from layerpy.consoles import Consoles
 from layerpy.logs import Throttle
 from layerpy.model import Busy
 from layerpy.nodes import NodeStore
+from layerpy.services.cluster import Overview, add_cluster_route
 from layerpy.services.http import (
     CATALOG,
     OPERATOR,
@@ -72,6 +73,7 @@ def build_api(
     *,
     origins: tuple[str, ...] = (),
     log_requests: bool = False,
+    cluster: Overview | None = None,
 ) -> web.Application:
     app = web.Application(middlewares=[profile, authenticate], client_max_size=BODY_LIMIT)
     share(app, booter, stats, power, catalog, log_requests)
@@ -97,6 +99,7 @@ def build_api(
         ]
     )
     add_live_routes(app, nodes, consoles, origins)
+    add_cluster_route(app, cluster)
     return app
 
 

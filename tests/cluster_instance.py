@@ -1,0 +1,85 @@
+"""One instance's membership and ownership, as a process for the ownership tests: the test
+runs it in a namespace, kills it with -9 or cuts it off from etcd.
+
+    python cluster_instance.py PREFIX ENDPOINT[,ENDPOINT…] NAME NODES [--ttl 5] [--segment CIDR]
+    python cluster_instance.py PREFIX ENDPOINT[,ENDPOINT…] --observe
+
+NODES is a count: the nodes are n000…, node i at 10.{1 + i % 2}.0.{10 + i} (two subnets, for
+segments), given to ownership when a line "go"
+comes on stdin (so the test can start every instance before any claims). Each 50 ms, and at once when the fence
+changes, an instance prints one JSON line: {"t0", "t1": wall times before and after it asked
+its fence, "fresh": its lease known fresh, "allows": [nodes its fence allows]}. An observer
+reads the owner keys each 50 ms and prints {"t0", "t1", "owners": {node: [owner, version]}}
+(nothing while etcd does not answer). Log lines go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import sys
+import time
+from ipaddress import IPv4Address
+
+from layerpy.cluster.etcd import Etcd, EtcdUnavailable
+from layerpy.cluster.members import Membership
+from layerpy.cluster.owners import Owners
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("prefix")
+    parser.add_argument("endpoints")
+    parser.add_argument("name", nargs="?")
+    parser.add_argument("nodes", type=int, nargs="?")
+    parser.add_argument("--ttl", type=int, default=5)
+    parser.add_argument("--segment", default="")
+    parser.add_argument("--observe", action="store_true")
+    args = parser.parse_args()
+    etcd = Etcd(args.endpoints.split(","), timeout=1.0)
+    await etcd.open()
+    if args.observe:
+        await observe(etcd, f"{args.prefix}/owners/")
+    members = Membership(etcd, prefix=args.prefix, name=args.name,
+                         url=f"http://{args.name}:8080", segment=args.segment,
+                         ttl=args.ttl)  # fmt: skip
+    changed = asyncio.Event()
+    owners = Owners(etcd, members, prefix=args.prefix, on_fence_change=changed.set)
+    addresses = {f"n{i:03}": IPv4Address(f"10.{1 + i % 2}.0.{10 + i}") for i in range(args.nodes)}
+    nodes = sorted(addresses)
+    await members.start()
+    await owners.start()
+    loop = asyncio.get_running_loop()
+    go = loop.run_in_executor(None, sys.stdin.readline)
+    go.add_done_callback(lambda _: owners.set_nodes(addresses))
+    while True:
+        t0 = time.time()
+        fresh = members.clock.fresh(members.now())
+        allows = [node for node in nodes if owners.fence.allows(node)]
+        line = {"t0": t0, "t1": time.time(), "fresh": fresh, "allows": allows}
+        print(json.dumps(line), flush=True)
+        changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed.wait(), 0.05)
+
+
+async def observe(etcd: Etcd, prefix: str) -> None:
+    while True:
+        t0 = time.time()
+        try:
+            kvs, _ = await etcd.range(prefix)
+        except EtcdUnavailable:
+            await asyncio.sleep(0.05)
+            continue
+        owners = {kv.key[len(prefix) :]: [kv.value.decode(), kv.version] for kv in kvs}
+        print(json.dumps({"t0": t0, "t1": time.time(), "owners": owners}), flush=True)
+        await asyncio.sleep(0.05)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(message)s")  # fmt: skip
+    asyncio.run(main())
