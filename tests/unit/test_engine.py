@@ -65,6 +65,7 @@ class World:
         self.calls: list[tuple[str, str]] = []
         self.effects: dict[str, dict[str, str] | Exception] = {}
         self.hung: set[str] = set()  # actions that never return, like a BMC that hangs
+        self.stuck: dict[str, asyncio.Future[None]] = {}  # node -> its hung action, to end
         self.facts: dict[str, dict[str, str]] = {}
         self.written: list[tuple[str, dict[str, str]]] = []  # what the engine concluded
         self.engine = Engine(lifecycle_example(), self.act, observed=self.facts.__getitem__,
@@ -86,7 +87,8 @@ class World:
     async def act(self, node: str, action: str) -> None:
         self.calls.append((node, action))
         if action in self.hung:
-            await asyncio.get_running_loop().create_future()
+            self.stuck[node] = asyncio.get_running_loop().create_future()
+            await self.stuck[node]
         effect = self.effects.get(action)
         if isinstance(effect, Exception):
             raise effect
@@ -591,3 +593,117 @@ async def test_every_action_fired_and_how_it_ended_is_told():
                  ("cn1", "boot.wait", "fired"), ("cn1", "boot.wait", "cancelled")):  # fmt: skip
         assert told in later, heard
         later = later[later.index(told) + 1 :]
+
+
+# -- the fence --------------------------------------------------------------------------
+
+
+class Fence:
+    """A fence the test opens and closes: the reason it holds a node, or None."""
+
+    def __init__(self) -> None:
+        self.closed: dict[str, str] = {}
+
+    def __call__(self, node: str) -> str | None:
+        return self.closed.get(node)
+
+
+def fenced_world(**options) -> tuple[World, Fence, list[tuple[str, str, str]]]:
+    fence, heard = Fence(), []
+    world = World(hold=fence, on_action=lambda node, f: heard.append(
+        (node, f["mutation"], f["result"])), **options)  # fmt: skip
+    return world, fence, heard
+
+
+@scenario
+async def test_a_held_node_fires_nothing_says_so_once_and_resumes_when_released():
+    world, fence, heard = fenced_world()
+    world.effects["power_on"] = {"power": "on"}
+    fence.closed["cn1"] = "not the owner"
+    world.add("cn1", {"power": "on"}, OFF)
+    world.add("cn2", {"power": "on"}, OFF)  # not fenced: goes on alone
+    await world.settle()
+    for advance in (31, 200):  # no timeout runs, nothing fails, nothing is said again
+        world.observe("cn1", busy="free")  # news: looked at again, still held
+        await world.settle(advance)
+        info = world.explain()
+        assert world.calls == [("cn2", "power_on")], world.calls
+        assert info["held"] == "not the owner" and info["current"] is None, info
+        assert info["failures"] == [] and info["retry_in"] is None, info
+        assert world.engine.stats()["held"] == 1 and world.engine.stats()["failures"] == 0
+    assert [h for h in heard if h[0] == "cn1"] == [("cn1", "power.on", "held")]
+    world.engine.release()  # still closed: still held, not told again
+    await world.settle()
+    assert world.calls == [("cn2", "power_on")] and len(heard) == 3, heard
+    del fence.closed["cn1"]
+    world.engine.release()
+    await world.settle()
+    assert world.calls == [("cn2", "power_on"), ("cn1", "power_on")]
+    assert world.explain()["held"] is None and world.engine.stats()["held"] == 0
+
+
+@scenario
+async def test_an_action_in_flight_when_the_fence_closes_is_sent_once():
+    """A BMC command cannot be unsent: it runs its course, and closing and opening the
+    fence meanwhile does not send it again (one decision, at most one power command)."""
+    world, fence, heard = fenced_world()
+    world.hung.add("power_on")
+    world.add("cn1", WANT_UP, OFF)
+    await world.settle()
+    assert world.calls == [("cn1", "power_on")] and "cn1" in world.stuck
+    fence.closed["cn1"] = "etcd lease lost"
+    world.engine.release()
+    await world.settle(1)
+    del fence.closed["cn1"]
+    world.engine.release()
+    await world.settle(1)
+    fence.closed["cn1"] = "etcd lease lost"
+    world.engine.release()
+    await world.settle(1)
+    assert world.calls == [("cn1", "power_on")]
+    assert world.explain()["current"]["status"] == "acting"
+    world.stuck["cn1"].set_result(None)  # the BMC answers; the machine comes up
+    world.observe("cn1", power="on")
+    await world.settle()
+    info = world.explain()  # power.on done; boot.wait is the next decision, held
+    assert info["held"] == "etcd lease lost" and info["current"] is None, info
+    del fence.closed["cn1"]
+    world.engine.release()
+    await world.settle()
+    assert world.explain()["current"]["mutation"] == "boot.wait"
+    assert world.calls == [("cn1", "power_on")]
+    assert ("cn1", "power.on", "done") in heard and world.engine.stats()["failures"] == 0
+
+
+@scenario
+async def test_a_queued_action_does_not_start_once_the_fence_closes():
+    world, fence, heard = fenced_world(paces={"power_on": 10.0})
+    world.add("cn1", WANT_UP, OFF)
+    world.add("cn2", WANT_UP, OFF)
+    await world.settle()
+    assert world.calls == [("cn1", "power_on")]  # cn2 waits its turn
+    fence.closed["cn2"] = "not the owner"
+    await world.settle(10)  # its turn: held instead, its mutation ended without failing
+    info = world.explain("cn2")
+    assert world.calls == [("cn1", "power_on")]
+    assert info["held"] == "not the owner" and info["current"] is None, info
+    assert world.engine.stats()["in_flight"] == 1 and world.engine.stats()["failures"] == 0
+    assert ("cn2", "power.on", "held") in heard
+    del fence.closed["cn2"]
+    world.engine.release()
+    await world.settle(10)
+    assert world.calls == [("cn1", "power_on"), ("cn2", "power_on")]
+
+
+@scenario
+async def test_the_fence_is_asked_again_right_before_the_action():
+    """Closed between the action's start and its task's first turn: not acted."""
+    world, fence, _ = fenced_world()
+    world.add("cn1", WANT_UP, OFF)
+    world.engine.step()  # power_on's task is created, not yet run
+    fence.closed["cn1"] = "etcd lease lost"
+    await world.settle()
+    await world.settle(30)
+    info = world.explain()
+    assert world.calls == [] and info["held"] == "etcd lease lost", info
+    assert info["current"] is None and info["failures"] == [], info

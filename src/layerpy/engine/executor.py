@@ -389,8 +389,8 @@ class Engine:
         return min(waiting) if waiting else None
 
     def _start(self, rec: _Node, epoch: int, now: float) -> bool:
-        """Start a queued action unless it ended, or the fence closed, while it waited."""
-        if rec.epoch != epoch or self._unfired(rec):
+        """Start a queued action unless it ended while it waited."""
+        if rec.epoch != epoch:
             return False
         assert rec.current is not None
         rec.task = asyncio.create_task(self._perform(rec, rec.current, epoch))
