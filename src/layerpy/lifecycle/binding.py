@@ -25,7 +25,8 @@ from layerpy.lifecycle.fence import Fence, Fenced
 from layerpy.lifecycle.table import BOOT_TIMEOUT, VARIABLES, desired, mutations
 from layerpy.logs import Throttle
 from layerpy.model import ImageState, Node, PowerState, RunState
-from layerpy.nodes import GAP, VARIABLE_FIELDS, NodeStore
+from layerpy.nodes import GAP, NodeStore
+from layerpy.nodes.store import VARIABLE_FIELDS
 from layerpy.power import PowerDriver, PowerError, close_all, make_driver
 from layerpy.power.poller import Poller
 from layerpy.proto.agent import FilesSpec, ImageSpec
