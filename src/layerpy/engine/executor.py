@@ -3,9 +3,10 @@
 The engine holds no observed state of its own: it reads a node's values through
 ``observed`` (the node store's fields) whenever it plans, and what it concludes itself
 (values forgotten on firing, fallen to on failure) goes through ``conclude`` to the same
-store and is read back from there. Reading is cheap (measured by bench/engine.py), so
-nothing is cached beside the store. ``origin`` is no such copy: it is the history of a
-decision (the state a mutation fired in, or the engine gave up in).
+store and is read back from there. Reading is cheap (bench/engine.py: about 1.5 us a read,
+8 us more per node booted than with a copy kept here; a cache dropped by the feed saved
+no measurable time), so nothing is cached beside the store. ``origin`` is no such copy:
+it is the history of a decision (the state a mutation fired in, or the engine gave up in).
 
 news() and set_cfg() only record and mark the node dirty; step() expires due timers
 from one heap, plans the dirty nodes and fires their next edge. Actions run as tasks, at
