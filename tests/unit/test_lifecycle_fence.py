@@ -19,15 +19,19 @@ CN009 = '\n[nodes.cn009]\nip = "10.99.0.19"\nbmc = { driver = "none" }\n'
 
 
 class CountingBmc(NoneDriver):
-    """A BMC that writes down every command that changes power, as the lab BMCs log."""
+    """A BMC that writes down every command that changes power, as the lab BMCs log; it
+    carries out a power on when ``answer`` is set."""
 
     def __init__(self) -> None:
         super().__init__()
         self.state = "off"
         self.commands: list[str] = []
+        self.answer = asyncio.Event()
+        self.answer.set()
 
     async def on(self) -> None:
         self.commands.append("on")
+        await self.answer.wait()
         await super().on()
 
     async def off(self) -> None:
@@ -59,14 +63,20 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = 10.0)
         await asyncio.sleep(0.005)
 
 
+def fenced(config) -> tuple[Lifecycle, FlipFence, CountingBmc]:
+    store = NodeStore(config)
+    catalog = Catalog(ImageStore(store.config.server.state_dir / "images"), store.feed)
+    fence = FlipFence()
+    lifecycle = Lifecycle(store, catalog, poll_interval=3600, fence=fence)
+    bmc = lifecycle.drivers["cn009"] = CountingBmc()
+    return lifecycle, fence, bmc
+
+
 def test_a_fenced_node_is_not_acted_on_until_the_fence_opens(make_config) -> None:
     async def scenario() -> None:
-        store = NodeStore(make_config(more=CN009))
-        catalog = Catalog(ImageStore(store.config.server.state_dir / "images"), store.feed)
-        fence = FlipFence()
+        lifecycle, fence, bmc = fenced(make_config(more=CN009))
+        store = lifecycle.store
         fence.closed["cn009"] = "owned by instance b"
-        lifecycle = Lifecycle(store, catalog, poll_interval=3600, fence=fence)
-        bmc = lifecycle.drivers["cn009"] = CountingBmc()
         running = asyncio.create_task(lifecycle.run())
         store.saw_power("cn009", PowerState.OFF)  # wanted on: the engine would power it on
         await until(lambda: lifecycle.explain("cn009")["held"] == "owned by instance b",
@@ -88,6 +98,37 @@ def test_a_fenced_node_is_not_acted_on_until_the_fence_opens(make_config) -> Non
         assert [(c.node, c.fields["mutation"], c.message) for c in held] == [
             ("cn009", "power.on", "power.on held: owned by instance b")
         ]
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await lifecycle.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_power_on_sent_before_the_fence_closed_is_sent_once(make_config) -> None:
+    """One decision, at most one power command: closing and opening the fence while the
+    BMC works on it sends nothing again."""
+
+    async def scenario() -> None:
+        lifecycle, fence, bmc = fenced(make_config(more=CN009))
+        store = lifecycle.store
+        bmc.answer.clear()  # the BMC takes its time
+        running = asyncio.create_task(lifecycle.run())
+        store.saw_power("cn009", PowerState.OFF)
+        await until(lambda: bmc.commands == ["on"], "power on sent to cn009's BMC")
+        for _ in range(3):
+            fence.closed["cn009"] = "etcd lease lost"
+            lifecycle.fence_changed()
+            await asyncio.sleep(0.02)
+            del fence.closed["cn009"]
+            lifecycle.fence_changed()
+            await asyncio.sleep(0.02)
+        fence.closed["cn009"] = "etcd lease lost"
+        bmc.answer.set()  # the machine comes on: the next step is held
+        await until(lambda: lifecycle.explain("cn009")["held"] == "etcd lease lost",
+                    "cn009's next step held")  # fmt: skip
+        info = lifecycle.explain("cn009")
+        assert bmc.commands == ["on"] and info["power"] == "on" and info["failures"] == [], info
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
         await lifecycle.close()
