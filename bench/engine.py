@@ -4,8 +4,10 @@ No reference implementation exists, so this reports layerpy's own figures: loadi
 file of that size (groups of 250 nodes with MACs and BMCs), building the real lifecycle
 graph, adding every node, a cfg change touching every node, planning them all, and
 running to convergence (power on and boot, then power off again) with a fake act that
-completes at once by observing the change, as a fast BMC and agent would. Each size runs
-in a fresh process so that its peak RSS is its own.
+completes at once by observing the change, as a fast BMC and agent would. The engine reads
+every node's observed values from node records (``layerpy.model.Node``, as the lifecycle
+reads the store's) and concludes into them. Each size runs in a fresh process so that its
+peak RSS is its own.
 
 Run: `.venv/bin/python bench/engine.py [--nodes 10000 100000]`.
 """
@@ -24,6 +26,8 @@ from pathlib import Path
 from layerpy.config import load
 from layerpy.engine import Engine, Graph
 from layerpy.lifecycle import VARIABLES, mutations
+from layerpy.model import Node
+from layerpy.nodes.store import VARIABLE_FIELDS
 
 
 def node_file(directory: Path, count: int) -> Path:
@@ -67,10 +71,24 @@ async def measure(count: int) -> dict[str, float]:
 
     async def act(node: str, action: str) -> None:
         if action == "power_on":
-            engine.observe(node, power="on")
-            loop.call_soon(functools.partial(engine.observe, node, run="ready"))  # agent hello
+            observe(node, power="on")
+            loop.call_soon(functools.partial(observe, node, run="ready"))  # agent hello
         elif action == "power_off":
-            engine.observe(node, power="off")
+            observe(node, power="off")
+
+    def observe(node: str, **values: str) -> None:
+        """An observer writes to the store; its feed tells the engine."""
+        conclude(node, values)
+        engine.news(node)
+
+    def observed(name: str) -> dict[str, str]:
+        node = records[name]
+        return {var: getattr(node, field) for var, field in VARIABLE_FIELDS.items()}
+
+    def conclude(name: str, values: dict[str, str]) -> None:
+        node = records[name]
+        for var, value in values.items():
+            setattr(node, VARIABLE_FIELDS[var], value)
 
     base = rss_mb()
     times: dict[str, float] = {}
@@ -84,11 +102,14 @@ async def measure(count: int) -> dict[str, float]:
     graph = Graph(VARIABLES, mutations())
     times["graph"] = time.perf_counter() - start
 
-    engine = Engine(graph, act)
+    engine = Engine(graph, act, observed=observed, conclude=conclude)
     nodes = list(config.nodes)
+    records = {name: Node(cfg) for name, cfg in config.nodes.items()}
+    for name in nodes:
+        conclude(name, {"power": "off", "run": "unknown", "busy": "free"})
     start = time.perf_counter()
     for node in nodes:
-        engine.add_node(node, {"power": "off"}, {"power": "off", "run": "unknown", "busy": "free"})
+        engine.add_node(node, {"power": "off"})
     times["add"] = time.perf_counter() - start
 
     start = time.perf_counter()

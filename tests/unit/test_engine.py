@@ -57,24 +57,43 @@ class Clock:
 
 
 class World:
-    """A fake clock, and a fake ``act`` that records calls and plays scripted effects."""
+    """A fake clock, a fake store of observed values (the engine reads them from there and
+    concludes into it), and a fake ``act`` that records calls and plays scripted effects."""
 
     def __init__(self, **engine_options) -> None:
         self.clock = Clock()
         self.calls: list[tuple[str, str]] = []
         self.effects: dict[str, dict[str, str] | Exception] = {}
         self.hung: set[str] = set()  # actions that never return, like a BMC that hangs
-        self.engine = Engine(lifecycle_example(), self.act, clock=self.clock, **engine_options)
+        self.stuck: dict[str, asyncio.Future[None]] = {}  # node -> its hung action, to end
+        self.facts: dict[str, dict[str, str]] = {}
+        self.written: list[tuple[str, dict[str, str]]] = []  # what the engine concluded
+        self.engine = Engine(lifecycle_example(), self.act, observed=self.facts.__getitem__,
+                             conclude=self.conclude, clock=self.clock, **engine_options)  # fmt: skip
+
+    def add(self, node: str, cfg: dict[str, str | None], dsc: dict[str, str]) -> None:
+        self.facts[node] = dict(dsc)
+        self.engine.add_node(node, cfg)
+
+    def observe(self, node: str, **values: str) -> None:
+        """An observer writes to the store, whose feed tells the engine."""
+        self.facts[node].update(values)
+        self.engine.news(node)
+
+    def conclude(self, node: str, values: dict[str, str]) -> None:
+        self.written.append((node, values))
+        self.facts[node].update(values)
 
     async def act(self, node: str, action: str) -> None:
         self.calls.append((node, action))
         if action in self.hung:
-            await asyncio.get_running_loop().create_future()
+            self.stuck[node] = asyncio.get_running_loop().create_future()
+            await self.stuck[node]
         effect = self.effects.get(action)
         if isinstance(effect, Exception):
             raise effect
         if effect:
-            self.engine.observe(node, **effect)
+            self.observe(node, **effect)
 
     async def settle(self, advance: float = 0.0) -> None:
         """Move the clock, then step and let action tasks run until things are quiet."""
@@ -160,7 +179,7 @@ def test_declarations_are_validated():
 async def test_advance_fires_next_edge_when_the_change_is_observed(caplog):
     caplog.set_level(logging.INFO, "layerpy.engine")
     world = World()
-    world.engine.add_node("cn1", WANT_UP, OFF)
+    world.add("cn1", WANT_UP, OFF)
     await world.settle()
     assert world.calls == [("cn1", "power_on")]
     assert world.explain()["current"] == {
@@ -170,18 +189,18 @@ async def test_advance_fires_next_edge_when_the_change_is_observed(caplog):
     assert world.engine.plan("cn1") == ["power.on", "boot.wait"]
 
     world.clock.now += 2.1
-    world.engine.observe("cn1", power="on")
+    world.observe("cn1", power="on")
     await world.settle()
     assert world.explain()["current"]["mutation"] == "boot.wait"
-    world.engine.observe("cn1", run="booting")  # on course: no change of plan
+    world.observe("cn1", run="booting")  # on course: no change of plan
     world.clock.now += 5
-    world.engine.observe("cn1", run="ready")
+    world.observe("cn1", run="ready")
     await world.settle()
     info = world.explain()
     assert info["converged"] and info["current"] is None and info["plan"] == []
     assert world.engine.stats() == {
         "nodes": 1, "actions": 0, "converged": 1, "in_flight": 0, "blocked": 0,
-        "gave_up": 0, "failures": 0,
+        "gave_up": 0, "held": 0, "failures": 0,
     }  # fmt: skip
     assert caplog.messages == [
         "cn1: fire power.on",
@@ -196,9 +215,9 @@ async def test_surprise_cancels_and_replans(caplog):
     caplog.set_level(logging.INFO, "layerpy.engine")
     world = World()
     world.hung.add("power_on")
-    world.engine.add_node("cn1", WANT_UP, OFF)
+    world.add("cn1", WANT_UP, OFF)
     await world.settle()
-    world.engine.observe("cn1", power="hang")  # neither off nor on: power.on is moot
+    world.observe("cn1", power="hang")  # neither off nor on: power.on is moot
     await world.settle()
     assert "cn1: power.on interrupted by power=hang, re-planning" in caplog.messages
     assert world.calls == [("cn1", "power_on"), ("cn1", "power_cycle")]
@@ -210,10 +229,10 @@ async def test_surprise_cancels_and_replans(caplog):
 @scenario
 async def test_broken_requirement_is_a_surprise():
     world = World()
-    world.engine.add_node("cn1", WANT_UP, {**UP, "run": "unknown"})
+    world.add("cn1", WANT_UP, {**UP, "run": "unknown"})
     await world.settle()
     assert world.explain()["current"]["mutation"] == "boot.wait"
-    world.engine.observe("cn1", power="off")  # boot.wait requires power=on
+    world.observe("cn1", power="off")  # boot.wait requires power=on
     await world.settle()
     assert world.explain()["current"]["mutation"] == "power.on"
 
@@ -221,9 +240,9 @@ async def test_broken_requirement_is_a_surprise():
 @scenario
 async def test_unrelated_observation_keeps_course():
     world = World()
-    world.engine.add_node("cn1", WANT_UP, OFF)
+    world.add("cn1", WANT_UP, OFF)
     await world.settle()
-    world.engine.observe("cn1", busy="busy")
+    world.observe("cn1", busy="busy")
     await world.settle(1)
     current = world.explain()["current"]
     assert current["mutation"] == "power.on" and current["deadline"] == 29.0
@@ -234,7 +253,7 @@ async def test_unrelated_observation_keeps_course():
 async def test_timeout_falls_to_fail_to_and_recovers_by_cycling(caplog):
     world = World()
     world.effects["power_cycle"] = {"power": "on"}
-    world.engine.add_node("cn1", WANT_UP, {**UP, "run": "unknown"})
+    world.add("cn1", WANT_UP, {**UP, "run": "unknown"})
     await world.settle()
     assert world.explain()["current"]["mutation"] == "boot.wait"
     await world.settle(119)
@@ -250,7 +269,7 @@ async def test_timeout_falls_to_fail_to_and_recovers_by_cycling(caplog):
     await world.settle(1)  # backoff over: cycle, whose observed power=on leads to boot.wait
     assert world.calls == [("cn1", "power_cycle")]
     assert world.explain()["current"]["mutation"] == "boot.wait"
-    world.engine.observe("cn1", run="ready")
+    world.observe("cn1", run="ready")
     await world.settle()
     assert world.explain()["converged"] and world.explain()["attempts"] == 0
 
@@ -259,7 +278,7 @@ async def test_timeout_falls_to_fail_to_and_recovers_by_cycling(caplog):
 async def test_action_failure_backs_off_exponentially_then_gives_up():
     world = World(max_failures=3)
     world.effects = {"power_on": RuntimeError("BMC unreachable"), "power_status": {"power": "off"}}
-    world.engine.add_node("cn1", WANT_UP, OFF)
+    world.add("cn1", WANT_UP, OFF)
     await world.settle()
     info = world.explain()
     assert info["dsc"]["power"] == "error" and info["retry_in"] == 1.0
@@ -287,13 +306,13 @@ async def test_action_failure_backs_off_exponentially_then_gives_up():
 async def test_fresh_observation_resets_the_give_up():
     world = World(max_failures=1)
     world.effects["power_on"] = RuntimeError("BMC unreachable")
-    world.engine.add_node("cn1", WANT_UP, OFF)
+    world.add("cn1", WANT_UP, OFF)
     await world.settle()
     assert world.explain()["gave_up"]
-    world.engine.observe("cn1", power="error")  # no news
+    world.observe("cn1", power="error")  # no news
     await world.settle()
     assert world.explain()["gave_up"]
-    world.engine.observe("cn1", power="off")
+    world.observe("cn1", power="off")
     await world.settle()
     assert world.calls == [("cn1", "power_on")] * 2
 
@@ -302,12 +321,12 @@ async def test_fresh_observation_resets_the_give_up():
 async def test_finding_out_is_done_by_any_news(caplog):
     caplog.set_level(logging.INFO, "layerpy.engine")
     world = World()
-    world.engine.add_node("cn1", WANT_UP, {**OFF, "power": "error"})
+    world.add("cn1", WANT_UP, {**OFF, "power": "error"})
     await world.settle()
     assert world.calls == [("cn1", "power_status")]
-    world.engine.observe("cn1", power="error")  # no news: still finding out
+    world.observe("cn1", power="error")  # no news: still finding out
     assert world.explain()["current"]["mutation"] == "power.retry"
-    world.engine.observe("cn1", power="on")
+    world.observe("cn1", power="on")
     await world.settle()
     assert "cn1: power.retry done in 0.0 s" in caplog.messages
     assert world.explain()["current"]["mutation"] == "boot.wait"
@@ -316,7 +335,7 @@ async def test_finding_out_is_done_by_any_news(caplog):
 @scenario
 async def test_firing_forgets_what_can_no_longer_be_known():
     world = World()
-    world.engine.add_node("cn1", {"power": "off"}, UP)
+    world.add("cn1", {"power": "off"}, UP)
     await world.settle()
     info = world.explain()
     assert info["current"]["mutation"] == "power.off"
@@ -324,24 +343,38 @@ async def test_firing_forgets_what_can_no_longer_be_known():
 
 
 @scenario
-async def test_the_engine_tells_what_it_concludes_itself():
-    written: list[tuple[str, dict[str, str]]] = []
-    world = World(on_write=lambda node, values: written.append((node, values)))
-    world.engine.add_node("cn1", {"power": "off"}, UP)
+async def test_the_engine_concludes_into_the_store():
+    world = World()
+    world.add("cn1", {"power": "off"}, UP)
     await world.settle()
-    assert written == [("cn1", {"run": "unknown"})]  # forgotten when power.off fired
+    assert world.written == [("cn1", {"run": "unknown"})]  # forgotten when power.off fired
     world.engine.set_cfg("cn1", power="on", run="ready")
-    world.engine.observe("cn1", power="on", run="unknown")
+    world.observe("cn1", power="on", run="unknown")
     await world.settle()  # boot.wait fires
     await world.settle(120)  # and times out
-    assert written[-1] == ("cn1", {"power": "hang"})
+    assert world.written[-1] == ("cn1", {"power": "hang"})
+    assert world.explain()["dsc"]["power"] == "hang"
+
+
+@scenario
+async def test_the_engine_plans_from_what_the_store_holds_not_from_what_it_concluded():
+    world = World()
+    world.add("cn1", WANT_UP, {**UP, "run": "unknown"})
+    await world.settle()
+    world.facts["cn1"]["run"] = "booting"  # a report the store took; its feed is not read yet
+    assert world.explain()["dsc"]["run"] == "booting"
+    world.engine.conclude = lambda node, values: None  # a store that keeps nothing the engine says
+    await world.settle(120)  # boot.wait times out: the engine concludes a hang...
+    info = world.explain()  # ...which the store does not hold: the engine plans from the store
+    assert info["dsc"] == {"power": "on", "run": "booting", "busy": "free"}, info
+    assert info["plan"] == ["boot.wait"], info
 
 
 @scenario
 async def test_busy_excludes_power_off_until_free(caplog):
     caplog.set_level(logging.INFO, "layerpy.engine")
     world = World()
-    world.engine.add_node("cn1", {"power": "off"}, {**UP, "busy": "busy"})
+    world.add("cn1", {"power": "off"}, {**UP, "busy": "busy"})
     await world.settle(5)
     with pytest.raises(NoPath, match=r"power\.off is blocked by busy=busy"):
         world.engine.plan("cn1")
@@ -349,7 +382,7 @@ async def test_busy_excludes_power_off_until_free(caplog):
     assert info["blocked"] == "power.off is blocked by busy=busy" and not info["converged"]
     assert world.calls == [] and world.engine.stats()["blocked"] == 1
     assert caplog.messages == ["cn1: waiting: power.off is blocked by busy=busy"]
-    world.engine.observe("cn1", busy="free")
+    world.observe("cn1", busy="free")
     await world.settle()
     assert world.calls == [("cn1", "power_off")] and world.engine.stats()["blocked"] == 0
 
@@ -359,7 +392,7 @@ async def test_paced_actions_start_in_turn_without_their_deadlines_running():
     world = World(paces={"power_on": 0.5})  # two power-ons a second
     world.effects["power_on"] = {"power": "on"}
     for i in range(5):
-        world.engine.add_node(f"cn{i}", WANT_UP, OFF)
+        world.add(f"cn{i}", WANT_UP, OFF)
     due = world.engine.step()
     await world.settle()
     assert [node for node, action in world.calls] == ["cn0"]
@@ -378,8 +411,8 @@ async def test_actions_are_bounded_and_a_slow_node_holds_up_no_other():
     world = World(max_actions=2)
     world.hung.add("power_on")
     for i in range(4):
-        world.engine.add_node(f"cn{i}", WANT_UP, OFF)
-    world.engine.add_node("up", WANT_UP, {**UP, "run": "lost"})
+        world.add(f"cn{i}", WANT_UP, OFF)
+    world.add("up", WANT_UP, {**UP, "run": "lost"})
     await world.settle()
     assert len(world.calls) == 2 and world.engine.stats()["actions"] == 2
     assert world.explain("cn3")["current"] | {"elapsed": 0} == {
@@ -387,7 +420,7 @@ async def test_actions_are_bounded_and_a_slow_node_holds_up_no_other():
         "elapsed": 0, "deadline": None,
     }  # fmt: skip
     assert world.explain("cn0")["current"]["status"] == "acting"
-    world.engine.observe("up", run="ready")  # the node without an action goes on alone
+    world.observe("up", run="ready")  # the node without an action goes on alone
     await world.settle()
     assert world.explain("up")["converged"]
     await world.settle(100)  # the running ones time out, which frees their slots;
@@ -399,7 +432,7 @@ async def test_actions_are_bounded_and_a_slow_node_holds_up_no_other():
 @scenario
 async def test_cfg_change_cancels_the_mutation_only_if_the_plan_changes():
     world = World()
-    world.engine.add_node("cn1", {"power": "on"}, OFF)
+    world.add("cn1", {"power": "on"}, OFF)
     await world.settle()
     world.engine.set_cfg("cn1", run="ready")  # power.on still comes first
     await world.settle()
@@ -413,12 +446,12 @@ async def test_cfg_change_cancels_the_mutation_only_if_the_plan_changes():
 async def test_removing_a_node_cancels_its_action():
     world = World()
     world.hung.add("power_on")
-    world.engine.add_node("cn1", WANT_UP, OFF)
+    world.add("cn1", WANT_UP, OFF)
     await world.settle()
     world.engine.remove_node("cn1")
     await world.settle()
     assert world.engine.stats() == dict.fromkeys(
-        ("nodes", "actions", "converged", "in_flight", "blocked", "gave_up", "failures"), 0
+        ("nodes", "actions", "converged", "in_flight", "blocked", "gave_up", "held", "failures"), 0
     )
 
 
@@ -434,12 +467,12 @@ async def test_run_sleeps_until_the_next_event():
         return step()
 
     world.engine.step = counted  # type: ignore[method-assign]
-    world.engine.add_node("cn1", WANT_UP, {**UP, "run": "unknown"})
+    world.add("cn1", WANT_UP, {**UP, "run": "unknown"})
     runner = asyncio.create_task(world.engine.run())
     await asyncio.sleep(0.05)
     assert world.explain()["current"]["mutation"] == "boot.wait"
     assert steps <= 3
-    world.engine.observe("cn1", run="ready")
+    world.observe("cn1", run="ready")
     await asyncio.sleep(0.01)
     assert world.explain()["converged"]
 
@@ -467,13 +500,19 @@ async def test_ten_thousand_nodes_converge_quickly():
         peak = max(peak, running)
         await asyncio.sleep(0)
         running -= 1
-        engine.observe(node, power="on")
-        loop.call_soon(functools.partial(engine.observe, node, run="ready"))  # agent reports
+        observe(node, power="on")
+        loop.call_soon(functools.partial(observe, node, run="ready"))  # agent reports
 
-    engine = Engine(lifecycle_example(), act, max_actions=64)
+    def observe(node: str, **values: str) -> None:
+        facts[node].update(values)
+        engine.news(node)
+
+    facts = {node: dict(OFF) for node in nodes}
+    engine = Engine(lifecycle_example(), act, max_actions=64, observed=facts.__getitem__,
+                    conclude=lambda node, values: facts[node].update(values))  # fmt: skip
     start = time.perf_counter()
     for node in nodes:
-        engine.add_node(node, WANT_UP, OFF)
+        engine.add_node(node, WANT_UP)
     runner = asyncio.create_task(engine.run())
     while engine.stats()["converged"] < len(nodes):
         await asyncio.sleep(0.01)
@@ -494,7 +533,7 @@ async def test_a_lost_bmc_is_given_up_out_loud_and_taken_up_again_on_news(caplog
     caplog.set_level(logging.INFO, "layerpy.engine")
     world = World()  # the defaults: five failures, backoff from 1 s
     world.effects["power_status"] = RuntimeError("BMC 10.99.1.11 unreachable (no answer in 6 s)")
-    world.engine.add_node("cn1", WANT_UP, {**OFF, "power": "error"})  # a failed poll
+    world.add("cn1", WANT_UP, {**OFF, "power": "error"})  # a failed poll
     for _ in range(8):  # 1 + 2 + 4 + 8 s of backoff, and then some
         await world.settle(8.0)
     assert world.calls == [("cn1", "power_status")] * 5
@@ -505,12 +544,12 @@ async def test_a_lost_bmc_is_given_up_out_loud_and_taken_up_again_on_news(caplog
         "the cfg changes"
     ]
     await world.settle(3600)
-    world.engine.observe("cn1", power="error")  # the BMC poller: still no answer, no news
+    world.observe("cn1", power="error")  # the BMC poller: still no answer, no news
     await world.settle()
     assert len(world.calls) == 5 and world.explain()["gave_up"]
 
     caplog.clear()
-    world.engine.observe("cn1", power="off")  # the BMC answers again
+    world.observe("cn1", power="off")  # the BMC answers again
     await world.settle()
     assert world.calls[5:] == [("cn1", "power_on")]
     assert caplog.messages[:2] == [
@@ -525,7 +564,7 @@ async def test_a_pass_plans_for_a_slice_of_time_and_leaves_the_rest():
     far longer than a slice; each pass stops at SLICE and the run loop yields between."""
     world = World()
     for i in range(20_000):
-        world.engine.add_node(f"cn{i}", {"power": "off"}, OFF)
+        world.add(f"cn{i}", {"power": "off"}, OFF)
     world.engine.step()
     assert world.engine.pending() and world.engine.stats()["converged"] < 20_000
     passes = 1
@@ -540,7 +579,7 @@ async def test_every_action_fired_and_how_it_ended_is_told():
     heard: list[tuple[str, str, str]] = []
     world = World(on_action=lambda node, f: heard.append((node, f["mutation"], f["result"])))
     world.effects["power_on"] = RuntimeError("BMC said no")
-    world.engine.add_node("cn1", WANT_UP, OFF)
+    world.add("cn1", WANT_UP, OFF)
     await world.settle()
     world.effects["power_status"] = {"power": "off"}  # asked again: off, so on again
     world.effects["power_on"] = {"power": "on"}
@@ -554,3 +593,117 @@ async def test_every_action_fired_and_how_it_ended_is_told():
                  ("cn1", "boot.wait", "fired"), ("cn1", "boot.wait", "cancelled")):  # fmt: skip
         assert told in later, heard
         later = later[later.index(told) + 1 :]
+
+
+# -- the fence --------------------------------------------------------------------------
+
+
+class Fence:
+    """A fence the test opens and closes: the reason it holds a node, or None."""
+
+    def __init__(self) -> None:
+        self.closed: dict[str, str] = {}
+
+    def __call__(self, node: str) -> str | None:
+        return self.closed.get(node)
+
+
+def fenced_world(**options) -> tuple[World, Fence, list[tuple[str, str, str]]]:
+    fence, heard = Fence(), []
+    world = World(hold=fence, on_action=lambda node, f: heard.append(
+        (node, f["mutation"], f["result"])), **options)  # fmt: skip
+    return world, fence, heard
+
+
+@scenario
+async def test_a_held_node_fires_nothing_says_so_once_and_resumes_when_released():
+    world, fence, heard = fenced_world()
+    world.effects["power_on"] = {"power": "on"}
+    fence.closed["cn1"] = "not the owner"
+    world.add("cn1", {"power": "on"}, OFF)
+    world.add("cn2", {"power": "on"}, OFF)  # not fenced: goes on alone
+    await world.settle()
+    for advance in (31, 200):  # no timeout runs, nothing fails, nothing is said again
+        world.observe("cn1", busy="free")  # news: looked at again, still held
+        await world.settle(advance)
+        info = world.explain()
+        assert world.calls == [("cn2", "power_on")], world.calls
+        assert info["held"] == "not the owner" and info["current"] is None, info
+        assert info["failures"] == [] and info["retry_in"] is None, info
+        assert world.engine.stats()["held"] == 1 and world.engine.stats()["failures"] == 0
+    assert [h for h in heard if h[0] == "cn1"] == [("cn1", "power.on", "held")]
+    world.engine.release()  # still closed: still held, not told again
+    await world.settle()
+    assert world.calls == [("cn2", "power_on")] and len(heard) == 3, heard
+    del fence.closed["cn1"]
+    world.engine.release()
+    await world.settle()
+    assert world.calls == [("cn2", "power_on"), ("cn1", "power_on")]
+    assert world.explain()["held"] is None and world.engine.stats()["held"] == 0
+
+
+@scenario
+async def test_an_action_in_flight_when_the_fence_closes_is_sent_once():
+    """A BMC command cannot be unsent: it runs its course, and closing and opening the
+    fence meanwhile does not send it again (one decision, at most one power command)."""
+    world, fence, heard = fenced_world()
+    world.hung.add("power_on")
+    world.add("cn1", WANT_UP, OFF)
+    await world.settle()
+    assert world.calls == [("cn1", "power_on")] and "cn1" in world.stuck
+    fence.closed["cn1"] = "etcd lease lost"
+    world.engine.release()
+    await world.settle(1)
+    del fence.closed["cn1"]
+    world.engine.release()
+    await world.settle(1)
+    fence.closed["cn1"] = "etcd lease lost"
+    world.engine.release()
+    await world.settle(1)
+    assert world.calls == [("cn1", "power_on")]
+    assert world.explain()["current"]["status"] == "acting"
+    world.stuck["cn1"].set_result(None)  # the BMC answers; the machine comes up
+    world.observe("cn1", power="on")
+    await world.settle()
+    info = world.explain()  # power.on done; boot.wait is the next decision, held
+    assert info["held"] == "etcd lease lost" and info["current"] is None, info
+    del fence.closed["cn1"]
+    world.engine.release()
+    await world.settle()
+    assert world.explain()["current"]["mutation"] == "boot.wait"
+    assert world.calls == [("cn1", "power_on")]
+    assert ("cn1", "power.on", "done") in heard and world.engine.stats()["failures"] == 0
+
+
+@scenario
+async def test_a_queued_action_does_not_start_once_the_fence_closes():
+    world, fence, heard = fenced_world(paces={"power_on": 10.0})
+    world.add("cn1", WANT_UP, OFF)
+    world.add("cn2", WANT_UP, OFF)
+    await world.settle()
+    assert world.calls == [("cn1", "power_on")]  # cn2 waits its turn
+    fence.closed["cn2"] = "not the owner"
+    await world.settle(10)  # its turn: held instead, its mutation ended without failing
+    info = world.explain("cn2")
+    assert world.calls == [("cn1", "power_on")]
+    assert info["held"] == "not the owner" and info["current"] is None, info
+    assert world.engine.stats()["in_flight"] == 1 and world.engine.stats()["failures"] == 0
+    assert ("cn2", "power.on", "held") in heard
+    del fence.closed["cn2"]
+    world.engine.release()
+    await world.settle(10)
+    assert world.calls == [("cn1", "power_on"), ("cn2", "power_on")]
+
+
+@scenario
+async def test_the_fence_is_asked_again_right_before_the_action():
+    """Closed between the action's start and its task's first turn: not acted."""
+    world, fence, _ = fenced_world()
+    world.add("cn1", WANT_UP, OFF)
+    world.engine.step()  # power_on's task is created, not yet run
+    fence.closed["cn1"] = "etcd lease lost"
+    await world.settle()
+    await world.settle(30)
+    info = world.explain()
+    assert world.calls == [] and info["held"] == "etcd lease lost", info
+    assert info["current"] is None and info["failures"] == [], info

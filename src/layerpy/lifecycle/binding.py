@@ -1,14 +1,16 @@
 """The state engine bound to the world: the node store's changes in, actions out.
 
-One subscription to the store's change feed tells the engine what was observed; BMC polls
-and actions report to the store like every other observer. What is *desired* (the file,
-and run-time overrides from operators) is kept here, and published on the same feed.
+The store is the only holder of what is observed: the engine reads a node's values from
+its fields (``dsc``), and records its own conclusions there (``NodeStore.conclude``). One
+subscription to the store's change feed tells the engine when to read again; BMC polls and
+actions report to the store like every other observer. What is *desired* (the file, and
+run-time overrides from operators) is kept here, and published on the same feed. Every
+action on a node passes one gate, ``held``: the fence, when there is one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Set
 from typing import TYPE_CHECKING, Any
@@ -19,10 +21,12 @@ from layerpy.engine import Engine, Graph, NoPath
 from layerpy.files import Deliveries, RenderError
 from layerpy.journal import Journal
 from layerpy.lifecycle.actions import ACTIONS
+from layerpy.lifecycle.fence import Fence, Fenced
 from layerpy.lifecycle.table import BOOT_TIMEOUT, VARIABLES, desired, mutations
 from layerpy.logs import Throttle
 from layerpy.model import ImageState, Node, PowerState, RunState
 from layerpy.nodes import GAP, NodeStore
+from layerpy.nodes.store import VARIABLE_FIELDS
 from layerpy.power import PowerDriver, PowerError, close_all, make_driver
 from layerpy.power.poller import Poller
 from layerpy.proto.agent import FilesSpec, ImageSpec
@@ -35,17 +39,25 @@ log = logging.getLogger("layerpy.power")
 images_log = logging.getLogger("layerpy.images")
 files_log = Throttle(logging.getLogger("layerpy.files"))  # may fail at every report
 
-# node fields the engine's variables are read from
-ENGINE_FIELDS = frozenset({"power", "run_state", "busy", "image_state", "image_digest"})
+# node fields the engine's variables are read from (the image digest tells "stale")
+ENGINE_FIELDS = frozenset({*VARIABLE_FIELDS.values(), "image_digest"})
 CLOSE_TIMEOUT = 3.0  # seconds for all power drivers to log out at shutdown
 ASSIGNED = "assigned.jsonl"  # a Journal in the state directory: what each agent runs
 
 
 class Lifecycle:
     def __init__(
-        self, store: NodeStore, catalog: Catalog, poll_interval: float, stats: Stats | None = None
+        self,
+        store: NodeStore,
+        catalog: Catalog,
+        poll_interval: float,
+        stats: Stats | None = None,
+        fence: Fence | None = None,
     ) -> None:
+        """``fence``: whether this instance may act on a node now (None: always, as a
+        single server may); call ``fence_changed()`` when its answers may have changed."""
         self.store = store
+        self.fence = fence
         self.catalog = catalog
         self.overrides: dict[str, dict[str, str]] = {}
         self.drivers: dict[str, PowerDriver] = {}
@@ -63,8 +75,9 @@ class Lifecycle:
             raise ValueError(f"the lifecycle table names unknown actions: {sorted(missing)}")
         rate = server.power_on_rate
         paces = {name: 1 / rate for name, action in ACTIONS.items() if action.boots and rate}
-        self.engine = Engine(Graph(VARIABLES, table), self.act, on_write=store.conclude,
-                             on_action=self._published, paces=paces)  # fmt: skip
+        self.engine = Engine(Graph(VARIABLES, table), self.act, observed=self._observed,
+                             conclude=store.conclude, hold=self.held, on_action=self._published,
+                             paces=paces)  # fmt: skip
         self.poller = Poller(self.drivers, self._polled, poll_interval, stats=stats)
         self.changes = store.feed.subscribe()  # before anything can change
         for node in store.nodes.values():
@@ -79,11 +92,18 @@ class Lifecycle:
     def _add(self, node: Node) -> None:
         if node.config.bmc is not None:  # else not under layerpy's power control
             self.drivers[node.name] = make_driver(node.name, node.config.bmc)
-        self.engine.add_node(node.name, desired(node.config), self.dsc(node))
+        self.engine.add_node(node.name, desired(node.config))
+
+    def _observed(self, name: str) -> dict[str, str]:
+        """The engine's reader: a node's dsc from the store's fields (a node a reload has
+        just removed reads as all unknown, until the engine hears of it too)."""
+        node = self.store.nodes.get(name)
+        return {} if node is None else self.dsc(node)
 
     def dsc(self, node: Node) -> dict[str, str]:
-        return {"power": node.power, "run": node.run_state, "busy": node.busy,
-                "image": self._image_state(node)}  # fmt: skip
+        values = {var: getattr(node, field) for var, field in VARIABLE_FIELDS.items()}
+        values["image"] = self._image_state(node)
+        return values
 
     def _image_state(self, node: Node) -> str:
         if node.image_state != ImageState.ACTIVE:
@@ -92,9 +112,8 @@ class Lifecycle:
         return ImageState.STALE if wanted and node.image_digest != wanted else node.image_state
 
     def _observe(self, name: str) -> None:
-        node = self.store.nodes.get(name)
-        if node is not None and self.engine.has(name):
-            self.engine.observe(name, **self.dsc(node))
+        if name in self.store.nodes and self.engine.has(name):
+            self.engine.news(name)
 
     # -- continuous work ---------------------------------------------------------------
 
@@ -124,8 +143,23 @@ class Lifecycle:
     def _polled(self, name: str, state: str | None, error: str | None) -> None:
         self.store.saw_power(name, None if state is None else PowerState(state), error)
 
+    def held(self, name: str) -> str | None:
+        """The one gate every action on a node passes: why this instance may not act on it
+        now (None: it may)."""
+        fence = self.fence
+        if fence is None or fence.allows(name):
+            return None
+        return fence.why_not(name) or "the fence is closed"
+
+    def fence_changed(self) -> None:
+        """The fence may answer differently now: the nodes it held are looked at again."""
+        self.engine.release()
+
     async def act(self, name: str, action: str) -> None:
-        """Carry out one action the engine fired; errors propagate to the engine."""
+        """Carry out one action (the engine's, or an operator's) unless the fence holds the
+        node (``Fenced``); errors propagate to the engine."""
+        if (why := self.held(name)) is not None:
+            raise Fenced(f"{name}: {action} not done: {why}")
         try:
             await ACTIONS[action].run(self, name)
         except PowerError as error:
@@ -225,8 +259,12 @@ class Lifecycle:
     async def cycle(self, name: str) -> None:
         """An operator's one-off power cycle (not a change of desired state)."""
         if name in self.drivers:
-            with contextlib.suppress(PowerError):  # recorded on the node by act()
+            try:
                 await self.act(name, "power_cycle")
+            except PowerError:  # recorded on the node by act()
+                pass
+            except Fenced as held:
+                log.warning("%s", held)
 
     async def applied(self, config: Config, added: Set[str], removed: Set[str],
                       changed: Set[str]) -> None:  # fmt: skip
