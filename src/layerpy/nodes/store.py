@@ -183,8 +183,7 @@ class NodeStore:
                 log.debug("%s: boot phase %s", node.name, effect.phase)
                 self.feed.publish(node.name, "observed", {"phase": effect.phase})
         elif isinstance(effect, NewBoot):
-            node.boot = Boot(started=self.clock(), firmware=effect.firmware)
-            self.feed.publish(node.name, "observed", {"boot": node.boot.started}, effect.why)
+            node.boot = Boot(started=self.clock(), firmware=effect.firmware)  # "boots" says it
             how = effect.why or effect.firmware or "unknown firmware"
             self._observe(node, {"boots": node.boots + 1, "busy": Busy.UNKNOWN,
                                  "console_problem": None, "console_seen": frozenset(),
