@@ -200,38 +200,41 @@ def test_only_the_instance_that_hears_a_node_declares_it_lost(
     instance.run(scenario)
 
 
-def booter(store: NodeStore, gate=None) -> DhcpService:
-    return DhcpService(BootPolicy(store, pool_gate=gate), SERVER, Stats(), log_requests=False)
+class Wire:
+    """A DHCP service of one instance and the replies it sent (in a cluster, a reply that
+    commits a pool lease is sent once its transaction is kept, by a task of the service)."""
 
+    def __init__(self, store: NodeStore, gate=None) -> None:
+        self.policy = BootPolicy(store, pool_gate=gate)
+        self.service = DhcpService(self.policy, SERVER, Stats(), False, send=self._send)
+        self.sent: list[dhcp.DhcpPacket] = []
 
-REFUSED = "refused"  # counted in lease()'s `seen`: etcd refused a transaction
+    def _send(self, data: bytes, destination: tuple[str, int]) -> bool:
+        self.sent.append(dhcp.decode(data))
+        return True
 
+    def refused(self) -> int:
+        """Replies not sent: etcd refused their transaction (another instance was first)."""
+        dhcp_stats = self.service.stats.as_json().get("dhcp", {})
+        return dhcp_stats.get("not-kept", {}).get("requests", 0)
 
-async def lease(
-    service: DhcpService, mac: str, seen: list[str] | None = None
-) -> IPv4Address | None:
-    """DISCOVER then REQUEST, each answered only once the pool's transaction is kept (as
-    the DHCP service does in a cluster): the address ACKed, or None."""
-    seen = [] if seen is None else seen
-    policy = service.booter
-    assert isinstance(policy, BootPolicy)
-    _, decision = service.handle(request(dhcp.DISCOVER, mac=mac, **BIOS))
-    keeping = policy.keeping()
-    if keeping is not None and not await keeping:
-        seen.append(REFUSED)
-        return None
-    if decision.reply is None:
-        return None
-    offered = decision.reply.yiaddr
-    ask = request(dhcp.REQUEST, mac=mac, o50=offered.packed, o54=SERVER.packed, **BIOS)
-    _, decision = service.handle(ask)
-    keeping = policy.keeping()
-    if keeping is not None and not await keeping:
-        seen.append(REFUSED)
-        return None
-    if decision.answer != "ack":
-        return None
-    return decision.reply.yiaddr
+    async def ask(self, packet: dhcp.DhcpPacket) -> dhcp.DhcpPacket | None:
+        sent, refused = len(self.sent), self.refused()
+        _, decision = self.service.handle(packet)
+        if decision.reply is None:
+            return None
+        await until(lambda: len(self.sent) > sent or self.refused() > refused,
+                    "the reply to be sent or refused")  # fmt: skip
+        return self.sent[sent] if len(self.sent) > sent else None
+
+    async def lease(self, mac: str) -> IPv4Address | None:
+        """DISCOVER then REQUEST: the address ACKed, or None."""
+        offer = await self.ask(request(dhcp.DISCOVER, mac=mac, **BIOS))
+        if offer is None:
+            return None
+        ask = request(dhcp.REQUEST, mac=mac, o50=offer.yiaddr.packed, o54=SERVER.packed, **BIOS)
+        ack = await self.ask(ask)
+        return ack.yiaddr if ack is not None and ack.message_type == dhcp.ACK else None
 
 
 def macs(count: int) -> list[str]:
@@ -246,28 +249,26 @@ def test_two_pool_allocators_racing_never_share_an_address_or_split_a_client(
 
     async def scenario() -> None:
         async with stores(cluster, config, prefix, "a", "b") as (a, b):
-            services = [booter(a), booter(b)]
+            wires = [Wire(a), Wire(b)]
             clients = macs(200)
             acked: list[tuple[str, IPv4Address]] = []
-            seen: list[str] = []
 
-            async def allocate(service: DhcpService, order: list[str]) -> None:
+            async def allocate(wire: Wire, order: list[str]) -> None:
                 for mac in order:
                     for _ in range(10):  # a client asks again when it got nothing
-                        address = await lease(service, mac, seen)
+                        address = await wire.lease(mac)
                         if address is not None:
                             acked.append((mac, address))
                             break
                     await asyncio.sleep(0)
 
-            await asyncio.gather(allocate(services[0], clients),
-                                 allocate(services[1], clients[::-1]))  # fmt: skip
+            await asyncio.gather(allocate(wires[0], clients), allocate(wires[1], clients[::-1]))
             by_address: dict[IPv4Address, set[str]] = {}
             by_mac: dict[str, set[IPv4Address]] = {}
             for mac, address in acked:
                 by_address.setdefault(address, set()).add(mac)
                 by_mac.setdefault(mac, set()).add(address)
-            assert REFUSED in seen, "the allocators never raced"
+            assert wires[0].refused() + wires[1].refused() > 0, "the allocators never raced"
             assert len(by_mac) == 200, "every client got an address"
             assert all(len(m) == 1 for m in by_address.values()), "an address went to two MACs"
             assert all(len(m) == 1 for m in by_mac.values()), "a MAC got two addresses"
@@ -286,22 +287,22 @@ def test_a_new_pool_holder_continues_from_the_leases_in_etcd(
     async def scenario() -> None:
         holder = ["a"]
         async with stores(cluster, config, prefix, "a", "b") as (a, b):
-            first = booter(a, lambda: holder[0] == "a")
-            second = booter(b, lambda: holder[0] == "b")
+            first = Wire(a, lambda: holder[0] == "a")
+            second = Wire(b, lambda: holder[0] == "b")
             early = macs(20)
-            given = {mac: await lease(first, mac) for mac in early}
+            given = {mac: await first.lease(mac) for mac in early}
             assert None not in given.values()
-            assert await lease(second, "52:54:00:ee:ff:ff") is None  # not its pool (yet)
-            await until(lambda: all(second.booter.discovery_address(m) == given[m] for m in early),
+            assert await second.lease("52:54:00:ee:ff:ff") is None  # not its pool (yet)
+            await until(lambda: all(second.policy.discovery_address(m) == given[m] for m in early),
                         "b to follow a's leases")  # fmt: skip
             holder[0] = "b"  # a hands the pool over (a's fence closed)
-            assert await lease(first, "52:54:00:ee:ff:fe") is None
-            again = {mac: await lease(second, mac) for mac in early}
+            assert await first.lease("52:54:00:ee:ff:fe") is None
+            again = {mac: await second.lease(mac) for mac in early}
             assert again == given, "a client kept its address across the hand-over"
-            newcomer = await lease(second, "52:54:00:ee:ff:ff")
+            newcomer = await second.lease("52:54:00:ee:ff:ff")
             assert newcomer is not None and newcomer not in given.values()
         async with stores(cluster, config, prefix, "c") as (c,):  # a holder started later
-            third = booter(c)
-            assert {mac: await lease(third, mac) for mac in early} == given
+            third = Wire(c)
+            assert {mac: await third.lease(mac) for mac in early} == given
 
     instance.run(scenario)
