@@ -12,9 +12,12 @@ from ipaddress import IPv4Address
 import pytest
 
 from layerpy.boot import BootPolicy
+from layerpy.catalog import Catalog
 from layerpy.cluster.backend import EtcdBackend
 from layerpy.cluster.etcd import Etcd
 from layerpy.config import Config, load
+from layerpy.images import ImageStore
+from layerpy.lifecycle import Lifecycle
 from layerpy.model import Phase, PowerState, RunState
 from layerpy.nodes import NodeStore
 from layerpy.proto import dhcp
@@ -196,6 +199,38 @@ def test_only_the_instance_that_hears_a_node_declares_it_lost(
             assert a.nodes[NODE].run_state == RunState.READY
             b.check_lost()
             await until(lambda: a.nodes[NODE].run_state == RunState.LOST, "a to show b's verdict")
+
+    instance.run(scenario)
+
+
+def lifecycle_of(store: NodeStore) -> Lifecycle:
+    images = ImageStore(store.config.server.state_dir / "images")
+    return Lifecycle(store, Catalog(images, store.feed), 3600)
+
+
+def test_assignments_and_overrides_made_on_one_instance_hold_on_another(
+    cluster: EtcdCluster, instance: Instance, config: Config, prefix: str
+) -> None:
+    """What the owner's engine assigned is what any instance tells the node's agent; an
+    operator's override through any instance reaches the one that acts."""
+
+    async def scenario() -> None:
+        image = ("base", "sha256:" + "a" * 64)
+        async with stores(cluster, config, prefix, "a", "b") as (a, b):
+            la, lb = lifecycle_of(a), lifecycle_of(b)
+            la.assign(NODE, image)
+            await until(lambda: lb.assigned.get(NODE) == image, "b to carry a's assignment")
+            lb.override("cn002", "off")
+            await until(
+                lambda: la.overrides.get("cn002") == {"power": "off"}, "a to take the override"
+            )
+            la.assign(NODE, None)  # a new boot: told afresh, everywhere
+            await until(lambda: NODE not in lb.assigned, "b to drop the assignment")
+            la.assign(NODE, image)
+            await a.backend.flush()
+        async with stores(cluster, config, prefix, "c") as (c,):  # a later instance too
+            lc = lifecycle_of(c)
+            assert lc.assigned == {NODE: image} and lc.overrides == {"cn002": {"power": "off"}}
 
     instance.run(scenario)
 
