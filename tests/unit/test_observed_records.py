@@ -57,3 +57,10 @@ def test_an_older_boot_or_one_with_nothing_new_is_not_taken() -> None:
     same = {"boot": {"started": 100.0, "phases": {"script": 101.0}}}
     assert "boot" not in fields_of(observed.follow(here, older, "b"))
     assert "boot" not in fields_of(observed.follow(here, same, "b"))
+
+
+def test_a_boot_read_back_at_start_takes_the_timeline_of_the_records() -> None:
+    here = node(boot=Boot(500.0, token_digest="mine", resumed=True))
+    theirs = {"boot": {"started": 100.0, "phases": {"script": 101.0}}}
+    boot = fields_of(observed.follow(here, theirs, "b"))["boot"]
+    assert boot.started == 100.0 and boot.token_digest == "mine"
