@@ -19,13 +19,13 @@ from layerpy.catalog import Catalog
 from layerpy.config import Config
 from layerpy.engine import Engine, Graph, NoPath
 from layerpy.files import Deliveries, RenderError
-from layerpy.journal import Journal
 from layerpy.lifecycle.actions import ACTIONS
 from layerpy.lifecycle.fence import Fence, Fenced
 from layerpy.lifecycle.table import BOOT_TIMEOUT, VARIABLES, desired, mutations
 from layerpy.logs import Throttle
 from layerpy.model import ImageState, Node, PowerState, RunState
 from layerpy.nodes import GAP, NodeStore
+from layerpy.nodes.backend import ASSIGNED, OVERRIDES, Record
 from layerpy.nodes.store import VARIABLE_FIELDS
 from layerpy.power import PowerDriver, PowerError, close_all, make_driver
 from layerpy.power.poller import Poller
@@ -42,7 +42,6 @@ files_log = Throttle(logging.getLogger("layerpy.files"))  # may fail at every re
 # node fields the engine's variables are read from (the image digest tells "stale")
 ENGINE_FIELDS = frozenset({*VARIABLE_FIELDS.values(), "image_digest"})
 CLOSE_TIMEOUT = 3.0  # seconds for all power drivers to log out at shutdown
-ASSIGNED = "assigned.jsonl"  # a Journal in the state directory: what each agent runs
 
 
 class Lifecycle:
@@ -64,8 +63,10 @@ class Lifecycle:
         # node -> (image name, digest) its agent is told to run, until the engine assigns
         # another: a node whose wanted image fails to pull stays on this one. Kept across
         # restarts: a restarted server that told a running node "no image" would stop it.
-        self._assignments = Journal(store.config.server.state_dir / ASSIGNED, key="node")
+        # Through the store's backend: in a cluster, what the owner's engine assigned is
+        # what any instance's answers to that node's agent carry.
         self.assigned = self._load_assigned()
+        store.backend.on_change(self._changed_elsewhere)
         self.deliveries = Deliveries()
         server = store.config.server  # its keys are fixed until a restart
         # a node a restarted server has not heard from yet reports within a heartbeat
@@ -82,6 +83,9 @@ class Lifecycle:
         self.changes = store.feed.subscribe()  # before anything can change
         for node in store.nodes.values():
             self._add(node)
+        if store.backend.instance is not None:  # overrides made through other instances
+            for name, record in store.backend.load(OVERRIDES).items():
+                self._changed_elsewhere(OVERRIDES, name, record)
 
     def _published(self, name: str, fields: dict[str, str]) -> None:
         """An action fired or ended: on the change feed (the event stream, the dashboard)."""
@@ -136,7 +140,8 @@ class Lifecycle:
                     if self.image_of(name) == change.fields.get("image"):
                         self._observe(name)
             elif change.kind == "observed" and ENGINE_FIELDS & change.fields.keys():
-                if change.fields.get("run_state") == RunState.UNKNOWN:
+                forgotten = change.fields.get("run_state") == RunState.UNKNOWN
+                if forgotten and self.held(change.node) is None:  # the acting instance's
                     self.assign(change.node, None)  # a new boot is told afresh
                 self._observe(change.node)
 
@@ -174,27 +179,51 @@ class Lifecycle:
 
     def assign(self, name: str, image: tuple[str, str] | None) -> None:
         """Tell the node's agent to run (image name, digest) from its next answer on (None:
-        nothing yet, as for a new boot); journalled before the answer can say it."""
-        if self.assigned.get(name) == image:
+        nothing yet, as for a new boot); kept through the backend before the answer can
+        say it."""
+        if not self._assign(name, image):
             return
+        wanted, digest = image or (None, None)
+        try:
+            self.store.backend.put(ASSIGNED, name, {"image": wanted, "digest": digest})
+        except OSError as error:
+            images_log.error("cannot save the image assigned to %s: %s", name, error.strerror)
+
+    def _assign(self, name: str, image: tuple[str, str] | None) -> bool:
+        """Whether that is news."""
+        if self.assigned.get(name) == image:
+            return False
         if image is None:
             del self.assigned[name]
         else:
             self.assigned[name] = image
-        try:
-            self._assignments.append([_assignment(name, image)])
-            if self._assignments.crowded(len(self.assigned)):
-                self._assignments.rewrite([_assignment(n, i) for n, i in self.assigned.items()])
-        except OSError as error:
-            images_log.error("cannot save %s: %s", self._assignments.path, error.strerror)
+        return True
 
     def _load_assigned(self) -> dict[str, tuple[str, str]]:
         found: dict[str, tuple[str, str]] = {}
-        for record in self._assignments.replay():
-            name, image, digest = record.get("node"), record.get("image"), record.get("digest")
-            if name in self.store.nodes and isinstance(image, str) and isinstance(digest, str):
-                found[name] = (image, digest)
+        for name, record in self.store.backend.load(ASSIGNED).items():
+            image = _assignment(record)
+            if name in self.store.nodes and image is not None:
+                found[name] = image
         return found
+
+    def _changed_elsewhere(self, kind: str, name: str, record: Record | None) -> None:
+        """Another instance's engine assigned an image, or an operator overrode a node's
+        wish through another instance (the backend's ``on_change``): taken, not written
+        back."""
+        if name not in self.store.nodes:
+            return
+        if kind == ASSIGNED:
+            self._assign(name, None if record is None else _assignment(record))
+        elif kind == OVERRIDES:
+            wish = {k: v for k, v in (record or {}).items()
+                    if k in ("power", "image") and isinstance(v, str)}  # fmt: skip
+            if wish != self.overrides.get(name, {}):
+                if wish:
+                    self.overrides[name] = wish
+                else:
+                    self.overrides.pop(name, None)
+                self._wish_changed(name)
 
     # -- desired state -----------------------------------------------------------------
 
@@ -243,6 +272,7 @@ class Lifecycle:
             self.overrides.pop(name, None)
         else:
             self.overrides.setdefault(name, {})["power"] = power
+        self._share_override(name)
         source = " (override)" if power else " (from the file)"
         log.info("%s: desired power %s%s", name, power or self.store.nodes[name].config.power,
                  source)  # fmt: skip
@@ -253,8 +283,15 @@ class Lifecycle:
         if image not in self.catalog.entries:
             raise ValueError(f"no image named {image!r} in the node file")
         self.overrides.setdefault(name, {})["image"] = image
+        self._share_override(name)
         images_log.info("%s: desired image %s (override)", name, image)
         self._wish_changed(name)
+
+    def _share_override(self, name: str) -> None:
+        """In a cluster, an operator's override reaches the instance that acts on the node
+        (a single server keeps overrides in memory only, as before: a restart ends them)."""
+        if self.store.backend.instance is not None:
+            self.store.backend.put(OVERRIDES, name, dict(self.overrides.get(name, {})))
 
     async def cycle(self, name: str) -> None:
         """An operator's one-off power cycle (not a change of desired state)."""
@@ -280,6 +317,8 @@ class Lifecycle:
         if added or removed or changed:
             ended = set(self.overrides) - removed
             self.overrides.clear()
+            for name in ended:  # every instance ends them: the same record, written again
+                self._share_override(name)
         old_drivers = []
         for name in removed:
             self.assign(name, None)  # a changed node runs its image until told anew
@@ -344,7 +383,7 @@ class Lifecycle:
         return {"name": name, **self.status(name), **self.engine.explain(name)}
 
 
-def _assignment(node: str, image: tuple[str, str] | None) -> dict[str, str | None]:
-    """One line of the assignments' journal (no image: the node was told none)."""
-    name, digest = image or (None, None)
-    return {"node": node, "image": name, "digest": digest}
+def _assignment(record: Record) -> tuple[str, str] | None:
+    """(image, digest) of an ASSIGNED record; None: the node was told none."""
+    image, digest = record.get("image"), record.get("digest")
+    return (image, digest) if isinstance(image, str) and isinstance(digest, str) else None
