@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from netns import Netns, call_in, sh, unique_name
 
 T = TypeVar("T")
 
+MEMORY = "/dev/shm" if os.path.isdir("/dev/shm") else None  # tmpfs for the members' data
 SUBNET = "10.79.0"
 CLIENT_PORT, PEER_PORT = 2379, 2380
 
@@ -47,7 +50,7 @@ class Member:
         self.name = f"m{index}"
         self.address = f"{SUBNET}.{11 + index}"
         self.netns = Netns("lpem")
-        self.data_dir = cluster.tmp_path / self.name
+        self.data_dir = cluster.data / self.name
         self.log = cluster.tmp_path / f"{self.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         cluster.plug(self.netns, "eth0", f"{self.address}/24")
@@ -166,6 +169,9 @@ class EtcdCluster:
         self.instances: list[Instance] = []
         self._size = size
         tmp_path.mkdir(parents=True, exist_ok=True)
+        # the members' data in memory: on a busy disk, etcd's fsyncs took seconds and
+        # first contacts timed out (the logs stay in tmp_path)
+        self.data = Path(tempfile.mkdtemp(prefix="layerpy-etcd-", dir=MEMORY))
         self.bridge_ns = Netns("lpeb")
         try:
             self.bridge_ns.run("ip", "link", "add", "br0", "type", "bridge")
@@ -263,6 +269,7 @@ class EtcdCluster:
         for member in self.members:
             member.netns.close()
         self.bridge_ns.close()
+        shutil.rmtree(self.data, ignore_errors=True)
 
 
 def _drop(netns: Netns, interface: str, on: bool, check: bool = True) -> None:
