@@ -162,7 +162,7 @@ def test_a_node_added_by_a_reload_shows_what_other_instances_know_of_it(
             a.saw_power("cn009", PowerState.ON)
             await ka.flush()
             await until(lambda: kb.get("observed", "cn009") is not None, "b's mirror to hear")
-            b.apply(new)
+            b.apply_config(new)
             assert b.holds_token("cn009", token) and b.nodes["cn009"].power == PowerState.ON
 
     instance.run(scenario)

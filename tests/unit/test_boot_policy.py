@@ -413,7 +413,7 @@ def test_the_pool_follows_a_reload_and_keeps_its_leases(discovery, make_config) 
     )
     config = with_discovery(make_config)
     config.path.write_text(config.path.read_text().replace("200-10.99.0.250", "200-10.99.0.210"))
-    policy.nodes.apply(load(config.path))
+    policy.nodes.apply_config(load(config.path))
     assert policy.leases.range[1] == IPv4Address("10.99.0.250")  # not before the explicit tick
     policy.tick()
     assert policy.leases.range == (IPv4Address("10.99.0.200"), IPv4Address("10.99.0.210"))

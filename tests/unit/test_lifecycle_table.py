@@ -71,7 +71,7 @@ def test_a_power_answer_for_a_node_a_reload_removed(make_config) -> None:
         polled = asyncio.create_task(lifecycle.act("cn009", "power_status"))
         await asyncio.sleep(0)
         new = make_config()  # cn009 is gone
-        await lifecycle.applied(new, *store.apply(new))
+        await lifecycle.applied(new, *store.apply_config(new))
         bmc.answer.set()
         await polled  # before: KeyError in the engine
         assert "cn009" not in store.nodes and not lifecycle.engine.has("cn009")
@@ -92,16 +92,16 @@ def test_a_reload_that_changes_a_node_ends_every_override(make_config) -> None:
         store, engine = lifecycle.store, lifecycle.engine
         lifecycle.override("cn009", "off")
         same = make_config(more=CN009)
-        await lifecycle.applied(same, *store.apply(same))
+        await lifecycle.applied(same, *store.apply_config(same))
         assert engine.explain("cn009")["cfg"]["power"] == "off"
         other = make_config(client_mac="52:54:00:99:00:22", more=CN009)  # cn002 changed
-        assert store.apply(other) == (set(), set(), {"cn002"})
+        assert store.apply_config(other) == (set(), set(), {"cn002"})
         await lifecycle.applied(other, set(), set(), {"cn002"})
         assert lifecycle.overrides == {}
         assert engine.explain("cn009")["cfg"]["power"] == "on"
         driver = lifecycle.drivers["cn009"]
         off = make_config(more=CN009.replace("}", '}\npower = "off"'))  # cn009 changed
-        await lifecycle.applied(off, *store.apply(off))
+        await lifecycle.applied(off, *store.apply_config(off))
         assert engine.explain("cn009")["cfg"]["power"] == "off"
         assert lifecycle.drivers["cn009"] is not driver
 

@@ -174,7 +174,7 @@ def test_apply_keeps_observed_state(inventory: NodeStore, make_config) -> None:
     inventory.saw_unknown("52:54:00:99:00:77", "bios", None)
     extra = '\n[nodes.cn009]\nip = "10.99.0.19"\nmac = "52:54:00:99:00:77"\n'
     new = make_config(client_mac="52:54:00:99:00:22", more=extra)
-    added, removed, changed = inventory.apply(new)
+    added, removed, changed = inventory.apply_config(new)
     assert (added, removed, changed) == ({"cn009"}, set(), {"cn002"})
     assert inventory.nodes["cn001"].run_state is RunState.READY
     assert inventory.by_mac("52:54:00:99:00:22").name == "cn002"
@@ -210,7 +210,7 @@ def test_apply_ends_as_a_store_built_from_the_file(inventory: NodeStore, make_co
     for keys in files:
         running = dict(inventory.config.nodes)
         config = make_config(**keys)
-        inventory.apply(config)
+        inventory.apply_config(config)
         fresh = NodeStore(config)
         assert list(inventory.nodes) == list(fresh.nodes)
         assert look_ups(inventory) == look_ups(fresh)

@@ -169,13 +169,8 @@ class NodeStore:
 
     # -- the one writer ------------------------------------------------------------------
 
-    def apply(
-        self, effects: Config | Iterable[Effect]
-    ) -> tuple[set[str], set[str], set[str]] | None:
-        """Carry out effects, in order: the only code that assigns node fields. (Given a
-        node file, as callers did before effects existed: ``apply_config``.)"""
-        if isinstance(effects, Config):
-            return self.apply_config(effects)
+    def apply(self, effects: Iterable[Effect]) -> None:
+        """Carry out effects, in order: the only code that assigns node fields."""
         for effect in effects:
             if isinstance(effect, Machine):
                 machine, _ = self.unknown.seen(effect.mac, self.clock())
@@ -186,7 +181,6 @@ class NodeStore:
             else:
                 self._node_effect(self.nodes[effect.node], effect)
         self._write_observed()
-        return None
 
     # -- the other instances of a cluster ------------------------------------------------
 
