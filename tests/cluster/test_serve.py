@@ -283,6 +283,8 @@ def test_a_killed_instances_nodes_are_taken_over_within_ten_seconds(
         took = until(lambda: all_owned(two, {two.name}), "head2 owning every node",
                      timeout=TAKEOVER, logs=(two,))  # fmt: skip
         print(f"take-over after kill -9: {took:.1f} s")
+        until(lambda: {node["owner"] for node in two.json("/api/v1/nodes")} == {two.name},
+              "head2's node list naming it the owner of every node", logs=(two,))  # fmt: skip
         shown = two.json("/api/v1/cluster")
         assert [i["name"] for i in shown["instances"] if i["alive"]] == [two.name]
         text = two.cli("cluster").stdout
