@@ -5,6 +5,7 @@ of the test's), each with a node file of its own whose rest is the cluster's."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 import signal
@@ -150,6 +151,9 @@ def heads(etcd_cluster: EtcdCluster, tmp_path: Path, count: int) -> Iterator[lis
             head = Head(tmp_path, instance, index, etcd_cluster.endpoints, prefix)
             instance.connect(segment.name, "seg0", "boot0", f"{head.address}/24")
             made.append(head)
+            # its links up before an instance runs there (it gives etcd 20 s, then refuses)
+            until(functools.partial(reaches, instance, etcd_cluster.endpoints[0]),
+                  f"{instance.address} reaching etcd")  # fmt: skip
         for head in made:
             head.segment = segment
         yield made
@@ -157,6 +161,12 @@ def heads(etcd_cluster: EtcdCluster, tmp_path: Path, count: int) -> Iterator[lis
         for head in made:
             head.stop(signal.SIGKILL)
         segment.close()
+
+
+def reaches(instance: Instance, url: str) -> bool:
+    """Whether an etcd member answers from the instance's namespace."""
+    curl = instance.netns.run("curl", "-s", "-m", "1", f"{url}/version", check=False)
+    return curl.returncode == 0
 
 
 def until(condition: Callable[[], object], what: str, timeout: float = WAIT, logs=()) -> float:

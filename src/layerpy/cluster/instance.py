@@ -60,8 +60,8 @@ class ClusterInstance:
         self.owners = Owners(self.etcd, self.members, prefix=cluster.prefix,
                              on_fence_change=lambda: self.fence_changed())  # fmt: skip
         self.fence = self.owners.fence
-        on_members = self.members.on_members  # ownership's: decide again
-        self.members.on_members = lambda: (on_members(), self._members_changed())
+        self._ownership_members = self.members.on_members  # ownership's: decide again
+        self.members.on_members = self._members_changed
         # wired by the server (attach)
         self.check: Callable[[str], Awaitable[object]] = _unattached
         self.apply: Callable[[str], Awaitable[Applied]] = _unattached
@@ -175,6 +175,7 @@ class ClusterInstance:
                               lambda: members.clock.fresh(members.now()))  # fmt: skip
 
     def _members_changed(self) -> None:
+        self._ownership_members()
         others = serving(self.members.live.values(), self.address)
         self.on_peers(tuple(i.url for i in others if i.name != self.name))
 
