@@ -67,7 +67,7 @@ class Server:
         self.lifecycle = Lifecycle(self.nodes, self.catalog, config.server.power_poll, self.stats,
                                    fence=cluster.fence if cluster else None)  # fmt: skip
         self.stats.watch_nodes(functools.partial(census.count, self.lifecycle))
-        self.policy = BootPolicy(self.nodes)
+        self.policy = BootPolicy(self.nodes, pool_gate=cluster.holds_pool if cluster else None)
         if cluster is not None:
             cluster.attach(check=self._check_shared, apply=self._apply_shared,
                            fence_changed=self.lifecycle.fence_changed,
@@ -135,7 +135,7 @@ class Server:
                 change = await self._check_shared(text)
                 applied = await self._apply(change)
             assert self.cluster is not None
-            self.cluster.owners.set_nodes(_addresses(self.config))
+            self.cluster.set_nodes(_addresses(self.config))
             owners = self.cluster.owners.owners
             self._show_owners({name: owners.get(name) for name in self.nodes.nodes})
             return applied

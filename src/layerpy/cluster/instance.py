@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, ip_network
 
 from layerpy.cluster.backend import EtcdBackend
 from layerpy.cluster.etcd import Etcd, EtcdError, EtcdUnavailable
@@ -60,6 +60,11 @@ class ClusterInstance:
         self.owners = Owners(self.etcd, self.members, prefix=cluster.prefix,
                              on_fence_change=lambda: self.fence_changed())  # fmt: skip
         self.fence = self.owners.fence
+        segment = ip_network(cluster.segment) if cluster.segment else config.network.subnet
+        # the segment's discovery pool is owned like a node (by an instance of the segment),
+        # so one instance answers the machines no node claims, behind its fence
+        self.pool = f"pool:{segment.network_address}-{segment.prefixlen}"
+        self._pool_address = segment.network_address
         self._ownership_members = self.members.on_members  # ownership's: decide again
         self.members.on_members = self._members_changed
         # wired by the server (attach)
@@ -148,8 +153,16 @@ class ClusterInstance:
             raise StartRefused(f"{error}: give each instance its own [cluster] name") from None
         except (EtcdUnavailable, EtcdError) as error:
             raise StartRefused(f"registering in etcd: {error}") from None
-        self.owners.set_nodes(nodes)
+        self.set_nodes(nodes)
         await self.owners.start()
+
+    def set_nodes(self, nodes: Mapping[str, IPv4Address | None]) -> None:
+        """The nodes of the file in force, and this segment's pool, to be owned."""
+        self.owners.set_nodes({**nodes, self.pool: self._pool_address})
+
+    def holds_pool(self) -> bool:
+        """Whether this instance answers unknown machines from the discovery pool now."""
+        return self.fence.allows(self.pool)
 
     async def run(self) -> None:
         """Follow the shared node file: verdicts on others' reloads, their commits applied."""
@@ -171,8 +184,12 @@ class ClusterInstance:
     def metrics(self) -> ClusterMetrics:
         """The cluster's gauges, for the server's registry."""
         members = self.members
-        return ClusterMetrics(lambda: self.owners.owners, lambda: members.live,
+        return ClusterMetrics(self._node_owners, lambda: members.live,
                               lambda: members.clock.fresh(members.now()))  # fmt: skip
+
+    def _node_owners(self) -> dict[str, str]:
+        """Each node's owner (the pool's is not a node's)."""
+        return {node: owner for node, owner in self.owners.owners.items() if node != self.pool}
 
     def _members_changed(self) -> None:
         self._ownership_members()
