@@ -69,6 +69,11 @@ class Head:
         with self.log.open("ab") as log:
             self.proc = self.place.netns.popen(command, stdout=log, stderr=subprocess.STDOUT)
 
+    def reaches_etcd(self, endpoints: list[str]) -> bool:
+        """Every member answers a linearizable read from this instance's namespace."""
+        health = ["env", "ETCDCTL_API=3", "etcdctl", "--endpoints", ",".join(endpoints)]
+        return not self.place.netns.run(*health, "endpoint", "health", check=False).returncode
+
     def serving(self) -> bool:
         self.check()
         return b"layerpy.server: serving" in self.log.read_bytes()
@@ -129,6 +134,8 @@ class HaLab:
                 place.connect(self.lab.netns, "bmc0", "oob0", f"10.99.1.{2 + index}/24")
                 self.heads[name] = Head(name, place, self.etcd.endpoints, self.run_dir)
             for head in self.heads.values():
+                reached = functools.partial(head.reaches_etcd, self.etcd.endpoints)
+                self.wait(reached, 60, f"etcd's members answering {head.name}")
                 head.serve()
             for head in self.heads.values():
                 self.wait(head.serving, 90, f"{head.name} serving (joined the cluster)")

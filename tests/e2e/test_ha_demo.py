@@ -69,8 +69,8 @@ def test_failover_without_vms(tmp_path: Path) -> None:
     assert before.count("alive") >= 2, (
         f"`layerpy cluster` before: not two live instances:\n{before}"
     )
-    took = re.search(r"owns (\S+) ([\d.]+) s after the kill", after)
-    assert took and float(took[2]) < 10, after
+    took = re.search(r"owns .* ([\d.]+) s after the kill", after)
+    assert took and float(took[1]) < 10, after
     assert "gone" in after, f"`layerpy cluster` after the kill shows no instance gone:\n{after}"
 
 
