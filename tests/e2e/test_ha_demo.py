@@ -51,9 +51,13 @@ def run_demo(run_dir: Path, vms: str, timeout: float) -> str:
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGINT)  # Ctrl-C: the demo tears its lab down
         out, _ = proc.communicate(timeout=60)
         pytest.fail(f"demo --ha not done within {timeout:.0f} s:\n{out}")
+    except BaseException:  # the test itself interrupted: the demo too
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+        raise
     print(out)
     assert proc.returncode == 0, f"demo --ha failed ({proc.returncode}):\n{out}"
     assert left_behind(proc.pid, run_dir) == ([], []), "demo --ha left namespaces or processes"
