@@ -186,7 +186,7 @@ def failover(ha: HaLab, names: list[str], timeout: float) -> int:
     theirs = sorted(n for n, o in survivor.owners().items() if o == owner.name)
     before = survivor.nodes().get(node, {})
     say(f"kill -9 {owner.name}, owner of {', '.join(theirs)}")
-    killed = time.monotonic()
+    killed, killed_at = time.monotonic(), time.time()
     owner.kill()
 
     def taken() -> bool:
@@ -199,9 +199,8 @@ def failover(ha: HaLab, names: list[str], timeout: float) -> int:
 
         def reporting() -> bool:  # its agent reports to the survivor now
             after = survivor.nodes().get(node, {})
-            return (after.get("last_report") or 0) > time.time() - 3 and (
-                after.get("run_state") == "ready"
-            )
+            heard = after.get("last_report") or 0  # the other one is dead: a report since
+            return heard > killed_at + 1 and after.get("run_state") == "ready"  # is to this one
 
         ha.wait(reporting, 60, f"{node}'s agent reporting to {survivor.name}")
         after = survivor.nodes()[node]
