@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bmc import start_bmc
+from bmc import oob_bridge, start_bmc
 from lab import Lab
 from session import BMC_PASSWORD, BMCS, LAYERPY, MACHINES, REPO, lab_text
 
@@ -126,12 +126,11 @@ class HaLab:
         self.heads: dict[str, Head] = {}
         try:
             self.etcd = EtcdCluster(self.run_dir / "etcd", ETCD_MEMBERS)
-            self.lab.run(["ip", "link", "add", "bmc0", "type", "bridge"])  # as start_bmc would
-            self.lab.run(["ip", "link", "set", "bmc0", "up"])
+            oob = oob_bridge(self.lab)
             for index, (name, address) in enumerate(HEADS.items()):
                 place = self.etcd.add_instance()
-                place.connect(self.lab.netns, "br0", "boot0", f"{address}/24")
-                place.connect(self.lab.netns, "bmc0", "oob0", f"10.99.1.{2 + index}/24")
+                place.connect(self.lab.netns, self.lab.bridge, "boot0", f"{address}/24")
+                place.connect(self.lab.netns, oob, "oob0", f"10.99.1.{2 + index}/24")
                 self.heads[name] = Head(name, place, self.etcd.endpoints, self.run_dir)
             for head in self.heads.values():
                 reached = functools.partial(head.reaches_etcd, self.etcd.endpoints)
