@@ -569,6 +569,14 @@ class RedfishServer(ThreadingHTTPServer):
 # --- running it ----------------------------------------------------------------------------
 
 
+def oob_bridge(lab: Any) -> str:
+    """The lab's out-of-band bridge (``bmc0``), made on first use: its name."""
+    if lab.run(["ip", "link", "show", BMC_DEVICE], check=False).returncode:
+        lab.run(["ip", "link", "add", BMC_DEVICE, "type", "bridge"])
+        lab.run(["ip", "link", "set", BMC_DEVICE, "up"])
+    return BMC_DEVICE
+
+
 def start_bmc(
     lab: Any,
     vm_name: str,
@@ -598,9 +606,7 @@ def start_bmc(
     the process runs, with the address already up and nothing listening behind it.
     `sol_idle` is how long a silent SOL session keeps the payload.
     """
-    if lab.run(["ip", "link", "show", BMC_DEVICE], check=False).returncode:
-        lab.run(["ip", "link", "add", BMC_DEVICE, "type", "bridge"])
-        lab.run(["ip", "link", "set", BMC_DEVICE, "up"])
+    oob_bridge(lab)
     shown = lab.run(["ip", "-o", "-4", "addr", "show", "dev", BMC_DEVICE]).stdout
     if f" {address}/" not in shown:
         lab.run(["ip", "addr", "add", f"{address}/{prefix}", "dev", BMC_DEVICE])

@@ -64,6 +64,15 @@ def test_the_unit_text_lives_only_in_systemd() -> None:
         assert "NoNewPrivileges=" not in path.read_text(), f"{path} holds a unit of its own"
 
 
+def test_the_unit_starts_after_a_local_etcd_without_pulling_it_in() -> None:
+    """An instance of a cluster on a host with an etcd member ([cluster], docs/ha.md) starts
+    once etcd does; a single server, or a host without etcd, is not changed by it."""
+    lines = (SYSTEMD / "layerpy.service").read_text().splitlines()
+    orders = [line for line in lines if line.startswith(("After=", "Wants=", "Requires="))]
+    assert "etcd.service" in " ".join(o for o in orders if o.startswith("After=")), orders
+    assert "etcd.service" not in " ".join(o for o in orders if not o.startswith("After=")), orders
+
+
 @needs_systemd_analyze
 def test_systemd_analyze_verify_finds_nothing_wrong(tmp_path: Path) -> None:
     unit = rendered(tmp_path)
