@@ -40,7 +40,14 @@ async def main() -> None:
     parser.add_argument("--observe", action="store_true")
     args = parser.parse_args()
     etcd = Etcd(args.endpoints.split(","), timeout=1.0)
-    await etcd.open()
+    for attempt in range(30):  # as serve does: a busy machine's etcd may answer late at first
+        try:
+            await etcd.open()
+            break
+        except EtcdUnavailable:
+            if attempt == 29:
+                raise
+            await asyncio.sleep(1)
     if args.observe:
         await observe(etcd, f"{args.prefix}/owners/")
     members = Membership(etcd, prefix=args.prefix, name=args.name,

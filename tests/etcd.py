@@ -115,6 +115,7 @@ class Instance:
         self.address = f"{SUBNET}.{101 + index}"
         self.netns = Netns("lpei")
         cluster.plug(self.netns, "etcd0", f"{self.address}/24")
+        cluster.wait_reachable(self.netns)
 
     @property
     def name(self) -> str:
@@ -218,6 +219,25 @@ class EtcdCluster:
                     "--key", str(self.tls.client_key)]  # fmt: skip
         env_cmd = member.netns.cmd("env", "ETCDCTL_API=3", *cmd, *args)
         return subprocess.run(env_cmd, input=input, capture_output=True, text=True, timeout=timeout)
+
+    def wait_reachable(self, netns: Netns, timeout: float = 60) -> None:
+        """Until every running member answers from `netns` (a namespace just plugged in: on
+        a busy machine an instance's first contact timed out before it could be made)."""
+        deadline = time.monotonic() + timeout
+        running = [member for member in self.members if member.running]
+        while True:
+            cmd = ["etcdctl", "--endpoints", ",".join(m.url for m in running),
+                   "--command-timeout=5s", "endpoint", "health"]  # fmt: skip
+            if self.tls is not None:
+                cmd += ["--cacert", str(self.tls.ca), "--cert", str(self.tls.client_cert),
+                        "--key", str(self.tls.client_key)]  # fmt: skip
+            result = netns.run("env", "ETCDCTL_API=3", *cmd, check=False, timeout=30)
+            if result.returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"etcd members not reachable from {netns.name} within "
+                                     f"{timeout} s: {(result.stdout + result.stderr)[-300:]}")  # fmt: skip
+            time.sleep(0.2)
 
     def wait_healthy(self, timeout: float = 60) -> None:
         """Until every running member answers a linearizable read (so the cluster has a

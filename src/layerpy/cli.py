@@ -1002,7 +1002,8 @@ def cluster_rows(answer: dict[str, Any], now: float) -> list[tuple[str, ...]]:
             entry["segment"] or ("-" if entry["segment"] is None else "all"),
             entry["url"] or "-",
             entry["version"] or "-",
-            f"{len(nodes)} {fold(nodes)}" if nodes else "0",
+            (f"{len(nodes)} {fold(nodes)}" if nodes else "0")
+            + (" + the discovery pool" if entry.get("pools") else ""),
         ))  # fmt: skip
     return rows
 

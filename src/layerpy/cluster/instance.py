@@ -24,7 +24,7 @@ from layerpy.cluster.etcd import Etcd, EtcdError, EtcdUnavailable
 from layerpy.cluster.file import Committed, FileRefused, SharedFile
 from layerpy.cluster.members import Membership, serving
 from layerpy.cluster.metrics import ClusterMetrics
-from layerpy.cluster.owners import Owners
+from layerpy.cluster.owners import POOL, Owners
 from layerpy.config import Config, ConfigError, parse_shared
 from layerpy.host import StartRefused
 
@@ -63,7 +63,7 @@ class ClusterInstance:
         segment = ip_network(cluster.segment) if cluster.segment else config.network.subnet
         # the segment's discovery pool is owned like a node (by an instance of the segment),
         # so one instance answers the machines no node claims, behind its fence
-        self.pool = f"pool:{segment.network_address}-{segment.prefixlen}"
+        self.pool = f"{POOL}{segment.network_address}-{segment.prefixlen}"
         self._pool_address = segment.network_address
         self._ownership_members = self.members.on_members  # ownership's: decide again
         self.members.on_members = self._members_changed

@@ -27,6 +27,7 @@ from layerpy.cluster.mirror import Mirror
 
 log = logging.getLogger("layerpy.cluster")
 
+POOL = "pool:"  # owned like a node: a segment's discovery pool ("pool:10.99.0.0-24")
 IN_FLIGHT = 64  # claim/release transactions at once
 RETRY = 0.5  # seconds before deciding again after etcd failed a transaction
 
@@ -186,6 +187,7 @@ class Owners:
         owned: dict[str, list[str]] = {}
         for node, owner in owners.items():
             owned.setdefault(owner, []).append(node)
+        pools = {name: [n for n in held if n.startswith(POOL)] for name, held in owned.items()}
         clock, now = self.members.clock, self.members.now()
         instances = []
         for name in sorted(set(live) | set(self.members.gone) | set(owned)):
@@ -199,10 +201,11 @@ class Owners:
                 "version": record.version if record else None,
                 "last_seen": time.time() if record else self.members.gone.get(name),
                 "self": name == self.members.name,
-                "nodes": sorted(owned.get(name, [])),
+                "nodes": sorted(n for n in owned.get(name, []) if not n.startswith(POOL)),
+                "pools": sorted(pools.get(name, [])),  # the discovery pools it answers
             }
             if name == self.members.name:
                 entry["lease_fresh_for"] = round(max(0.0, clock.deadline - now), 1)
             instances.append(entry)
-        unowned = sorted(node for node in self.nodes if node not in owners)
+        unowned = sorted(n for n in self.nodes if n not in owners and not n.startswith(POOL))
         return {"source": source, "instances": instances, "unowned": unowned}
