@@ -1,0 +1,307 @@
+"""The node store's state shared by two instances through real etcd (issue 27, point 2):
+two NodeStores (and BootPolicies) on two EtcdBackends over a 3-member etcd (tests/etcd.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from ipaddress import IPv4Address
+
+import pytest
+
+from layerpy.boot import BootPolicy
+from layerpy.cluster.backend import EtcdBackend
+from layerpy.cluster.etcd import Etcd
+from layerpy.config import Config, load
+from layerpy.model import Phase, PowerState, RunState
+from layerpy.nodes import NodeStore
+from layerpy.proto import dhcp
+from layerpy.proto.agent import PROTOCOL
+from layerpy.services.dhcp import DhcpService
+from layerpy.stats import Stats
+
+from dhcp_requests import BIOS, SERVER, request
+from etcd import EtcdCluster, Instance
+
+pytestmark = pytest.mark.netns
+
+_prefixes = itertools.count()
+NODE, MAC = "cn001", "52:54:00:99:00:11"
+
+
+@pytest.fixture
+def cluster(etcd_cluster: EtcdCluster) -> Iterator[EtcdCluster]:
+    yield etcd_cluster
+    etcd_cluster.heal()
+
+
+@pytest.fixture
+def instance(cluster: EtcdCluster) -> Instance:
+    return cluster.instances[0] if cluster.instances else cluster.add_instance()
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A prefix of the test's own: the module's tests share one cluster."""
+    return f"/lps{next(_prefixes)}"
+
+
+@pytest.fixture
+def config(make_config) -> Config:
+    """The test node file with a discovery pool of 231 addresses."""
+    config = make_config()
+    text = config.path.read_text().replace('pool = "10.99.0.200-', 'pool = "10.99.0.20-', 1)
+    config.path.write_text(text.replace('pool = "', 'discover = true\npool = "', 1))
+    return load(config.path)
+
+
+@asynccontextmanager
+async def backend(cluster: EtcdCluster, name: str, prefix: str) -> AsyncIterator[EtcdBackend]:
+    etcd = Etcd(cluster.endpoints)
+    await etcd.open()
+    opened = EtcdBackend(etcd, name, prefix)
+    try:
+        await opened.open()
+        yield opened
+    finally:
+        await opened.close()
+        await etcd.close()
+
+
+@asynccontextmanager
+async def stores(
+    cluster: EtcdCluster, config: Config, prefix: str, *names: str
+) -> AsyncIterator[list[NodeStore]]:
+    """One NodeStore per instance name, each on its own EtcdBackend (as `layerpy serve`)."""
+    async with AsyncExitStack() as stack:
+        opened = []
+        for name in names:
+            kept = await stack.enter_async_context(backend(cluster, name, prefix))
+            opened.append(NodeStore(config, backend=kept))
+        yield opened
+
+
+async def until(condition, what: str, timeout: float = 20) -> None:
+    try:
+        async with asyncio.timeout(timeout):
+            while not condition():
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"waited {timeout} s for {what}") from None
+
+
+def report(store: NodeStore, token: str, event: str = "heartbeat", seq: int = 1):
+    payload = {"node": NODE, "token": token, "mac": MAC, "ip": "10.99.0.11", "boot_id": "b1",
+               "seq": seq, "uptime": seq, "event": event, "protocol": PROTOCOL}  # fmt: skip
+    return store.report(payload)
+
+
+async def revision(cluster: EtcdCluster) -> int:
+    etcd = Etcd(cluster.endpoints)
+    await etcd.open()
+    try:
+        return (await etcd.range("/lps-none/"))[1]
+    finally:
+        await etcd.close()
+
+
+def test_a_token_issued_on_one_instance_is_accepted_by_another(
+    cluster: EtcdCluster, instance: Instance, config: Config, prefix: str
+) -> None:
+    """An agent that moves to another instance keeps its token; the instance it reports
+    to is the one that hears it (heard_by), on both."""
+
+    async def scenario() -> None:
+        async with stores(cluster, config, prefix, "a", "b") as (a, b):
+            token = a.issue_token(a.nodes[NODE])
+            report(a, token, "hello")
+            await until(lambda: b.holds_token(NODE, token), "b to accept a's token")
+            assert not b.holds_token(NODE, "not-the-token")
+            report(b, token, seq=2)  # the agent moved: b takes its report
+            await until(lambda: a.nodes[NODE].heard_by == "b", "a to see that b hears cn001")
+            assert b.nodes[NODE].run_state == RunState.READY
+            assert a.nodes[NODE].run_state == RunState.READY
+
+    instance.run(scenario)
+
+
+def test_a_binding_made_on_one_instance_holds_on_another(
+    cluster: EtcdCluster, instance: Instance, config: Config, prefix: str
+) -> None:
+    async def scenario() -> None:
+        async with stores(cluster, config, prefix, "a", "b") as (a, b):
+            new = "52:54:00:99:00:77"
+            a.bind(NODE, new, "operator")
+            await until(lambda: b.by_mac(new) is b.nodes[NODE], "b to find cn001 by its new MAC")
+            assert b.nodes[NODE].mac == new
+        async with stores(cluster, config, prefix, "c") as (c,):  # a later instance too
+            assert c.by_mac(new) is c.nodes[NODE]
+
+    instance.run(scenario)
+
+
+def test_observed_changes_show_on_the_other_instance_and_heartbeats_write_nothing(
+    cluster: EtcdCluster, instance: Instance, config: Config, prefix: str
+) -> None:
+    async def scenario() -> None:
+        async with stores(cluster, config, prefix, "a", "b") as (a, b):
+            changes = b.feed.subscribe()
+            a.saw_power(NODE, PowerState.ON)
+            a.saw_boot_request(a.nodes[NODE], "ipxe")
+            token = a.issue_token(a.nodes[NODE])
+            report(a, token, "hello")
+            report(a, token, seq=2)
+            shown = b.nodes[NODE]
+            await until(lambda: shown.run_state == RunState.READY, "b to show cn001 ready", 5)
+            assert shown.power == PowerState.ON and shown.heard_by == "a"
+            assert Phase.SCRIPT in shown.boot.phases and shown.boots == 1
+            seen = [c.fields for c in changes.pending() if c.node == NODE]
+            assert any(f.get("power") == PowerState.ON for f in seen)  # on b's feed too
+
+            await a.backend.flush()
+            before = await revision(cluster)
+            for seq in range(3, 1003):
+                report(a, token, seq=seq)
+            await a.backend.flush()
+            assert await revision(cluster) == before, "heartbeats wrote to etcd"
+            a.check_lost()
+            b.check_lost()
+            assert shown.run_state == RunState.READY
+
+    instance.run(scenario)
+
+
+def test_only_the_instance_that_hears_a_node_declares_it_lost(
+    cluster: EtcdCluster, instance: Instance, config: Config, prefix: str
+) -> None:
+    async def scenario() -> None:
+        now = [1000.0]
+        clocked = {"clock": lambda: now[0]}
+        async with AsyncExitStack() as stack:
+            ka = await stack.enter_async_context(backend(cluster, "a", prefix))
+            kb = await stack.enter_async_context(backend(cluster, "b", prefix))
+            a = NodeStore(config, backend=ka, **clocked)
+            b = NodeStore(config, backend=kb, **clocked)
+            token = a.issue_token(a.nodes[NODE])
+            report(a, token, "hello")
+            report(a, token, seq=2)
+            await until(lambda: b.nodes[NODE].heard_by == "a", "b to see cn001 report to a")
+            report(b, token, seq=3)  # the agent moves to b
+            await until(lambda: a.nodes[NODE].heard_by == "b", "a to see cn001 moved to b")
+            now[0] += 10 * a.lost_limit  # nobody hears it any more
+            a.check_lost()  # a heard it before: no longer its to judge
+            await ka.flush()
+            assert a.nodes[NODE].run_state == RunState.READY
+            b.check_lost()
+            await until(lambda: a.nodes[NODE].run_state == RunState.LOST, "a to show b's verdict")
+
+    instance.run(scenario)
+
+
+def booter(store: NodeStore, gate=None) -> DhcpService:
+    return DhcpService(BootPolicy(store, pool_gate=gate), SERVER, Stats(), log_requests=False)
+
+
+REFUSED = "refused"  # counted in lease()'s `seen`: etcd refused a transaction
+
+
+async def lease(
+    service: DhcpService, mac: str, seen: list[str] | None = None
+) -> IPv4Address | None:
+    """DISCOVER then REQUEST, each answered only once the pool's transaction is kept (as
+    the DHCP service does in a cluster): the address ACKed, or None."""
+    seen = [] if seen is None else seen
+    policy = service.booter
+    assert isinstance(policy, BootPolicy)
+    _, decision = service.handle(request(dhcp.DISCOVER, mac=mac, **BIOS))
+    keeping = policy.keeping()
+    if keeping is not None and not await keeping:
+        seen.append(REFUSED)
+        return None
+    if decision.reply is None:
+        return None
+    offered = decision.reply.yiaddr
+    ask = request(dhcp.REQUEST, mac=mac, o50=offered.packed, o54=SERVER.packed, **BIOS)
+    _, decision = service.handle(ask)
+    keeping = policy.keeping()
+    if keeping is not None and not await keeping:
+        seen.append(REFUSED)
+        return None
+    if decision.answer != "ack":
+        return None
+    return decision.reply.yiaddr
+
+
+def macs(count: int) -> list[str]:
+    return [f"52:54:00:ee:{i // 256:02x}:{i % 256:02x}" for i in range(count)]
+
+
+def test_two_pool_allocators_racing_never_share_an_address_or_split_a_client(
+    cluster: EtcdCluster, instance: Instance, config: Config, prefix: str
+) -> None:
+    """Both gates open (as when a pool holder hands over): each commit is a transaction,
+    so two instances never give one address to two machines nor two to one machine."""
+
+    async def scenario() -> None:
+        async with stores(cluster, config, prefix, "a", "b") as (a, b):
+            services = [booter(a), booter(b)]
+            clients = macs(200)
+            acked: list[tuple[str, IPv4Address]] = []
+            seen: list[str] = []
+
+            async def allocate(service: DhcpService, order: list[str]) -> None:
+                for mac in order:
+                    for _ in range(10):  # a client asks again when it got nothing
+                        address = await lease(service, mac, seen)
+                        if address is not None:
+                            acked.append((mac, address))
+                            break
+                    await asyncio.sleep(0)
+
+            await asyncio.gather(allocate(services[0], clients),
+                                 allocate(services[1], clients[::-1]))  # fmt: skip
+            by_address: dict[IPv4Address, set[str]] = {}
+            by_mac: dict[str, set[IPv4Address]] = {}
+            for mac, address in acked:
+                by_address.setdefault(address, set()).add(mac)
+                by_mac.setdefault(mac, set()).add(address)
+            assert REFUSED in seen, "the allocators never raced"
+            assert len(by_mac) == 200, "every client got an address"
+            assert all(len(m) == 1 for m in by_address.values()), "an address went to two MACs"
+            assert all(len(m) == 1 for m in by_mac.values()), "a MAC got two addresses"
+            await until(lambda: sum(1 for r in a.backend.load("leases").values()
+                                    if r["state"] == "bound") == 200,
+                        "etcd to hold 200 bound leases")  # fmt: skip
+            held = {r["client"] for r in a.backend.load("leases").values()}
+            assert held == set(clients)
+
+    instance.run(scenario)
+
+
+def test_a_new_pool_holder_continues_from_the_leases_in_etcd(
+    cluster: EtcdCluster, instance: Instance, config: Config, prefix: str
+) -> None:
+    async def scenario() -> None:
+        holder = ["a"]
+        async with stores(cluster, config, prefix, "a", "b") as (a, b):
+            first = booter(a, lambda: holder[0] == "a")
+            second = booter(b, lambda: holder[0] == "b")
+            early = macs(20)
+            given = {mac: await lease(first, mac) for mac in early}
+            assert None not in given.values()
+            assert await lease(second, "52:54:00:ee:ff:ff") is None  # not its pool (yet)
+            await until(lambda: all(second.booter.discovery_address(m) == given[m] for m in early),
+                        "b to follow a's leases")  # fmt: skip
+            holder[0] = "b"  # a hands the pool over (a's fence closed)
+            assert await lease(first, "52:54:00:ee:ff:fe") is None
+            again = {mac: await lease(second, mac) for mac in early}
+            assert again == given, "a client kept its address across the hand-over"
+            newcomer = await lease(second, "52:54:00:ee:ff:ff")
+            assert newcomer is not None and newcomer not in given.values()
+        async with stores(cluster, config, prefix, "c") as (c,):  # a holder started later
+            third = booter(c)
+            assert {mac: await lease(third, mac) for mac in early} == given
+
+    instance.run(scenario)
