@@ -394,12 +394,14 @@ def status(api: Client, output: str, watch: bool) -> None:
     if output == "json":
         _print_json(nodes)
         return
+    clustered = any("owner" in node for node in nodes)  # its owner: in a cluster only
     columns = ("node", "mac", "ip", "hostname", "state", "boots", "timeline (s since boot start)")
-    table = Table(*columns)
+    table = Table(*columns[:5], *(("owner",) if clustered else ()), *columns[5:])
     for node in nodes:
         timeline = " ".join(f"{k}={v:g}" for k, v in node["timeline"].items())
+        owner = (node.get("owner") or "-",) if clustered else ()
         _row(table, node["name"], node["mac"] or "-", node["ip"] or "-", node["hostname"] or "-",
-             node["run_state"], node["boots"], timeline)  # fmt: skip
+             node["run_state"], *owner, node["boots"], timeline)  # fmt: skip
     console.print(table)
 
 

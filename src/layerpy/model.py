@@ -109,6 +109,7 @@ class Node:
     boot: Boot | None = None
     boots: int = 0
     agent: dict[str, Any] = field(default_factory=dict)  # uptime, seq, version, timeline
+    owner: str | None = None  # in a cluster, the instance owning it ("": none yet)
 
     @property
     def name(self) -> str:
@@ -153,4 +154,4 @@ class Node:
                 "timeline": timeline,
             },
             "timeline": timeline,
-        }
+        } | ({} if self.owner is None else {"owner": self.owner})

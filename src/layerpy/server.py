@@ -13,7 +13,7 @@ import functools
 import gc
 import logging
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from ipaddress import IPv4Address
 from pathlib import Path
@@ -31,6 +31,7 @@ from layerpy.host import StartRefused
 from layerpy.images import ImageStore
 from layerpy.lifecycle import Lifecycle
 from layerpy.nodes import NodeStore
+from layerpy.nodes.effects import Observe
 from layerpy.nodes.store import FileChange, compare
 from layerpy.notify import notify, reloading
 from layerpy.power.base import PowerSpec
@@ -70,8 +71,10 @@ class Server:
         if cluster is not None:
             cluster.attach(check=self._check_shared, apply=self._apply_shared,
                            fence_changed=self.lifecycle.fence_changed,
-                           on_peers=self._set_peers)  # fmt: skip
+                           on_peers=self._set_peers, on_owners=self._show_owners)  # fmt: skip
             self.policy.owner_url = cluster.owner_url
+            self.stats.registry.register(cluster.metrics())
+            self._show_owners(dict.fromkeys(self.nodes.nodes))
         self.plan = budget.plan(budget.raise_limit())  # what each subsystem may hold
         self.consoles = Consoles(config.server.state_dir / "consoles", self.nodes.saw_console,
                                  most=self.plan.consoles)  # fmt: skip
@@ -132,9 +135,18 @@ class Server:
                 applied = await self._apply(change)
             assert self.cluster is not None
             self.cluster.owners.set_nodes(_addresses(self.config))
+            owners = self.cluster.owners.owners
+            self._show_owners({name: owners.get(name) for name in self.nodes.nodes})
             return applied
         finally:
             self.ready()
+
+    def _show_owners(self, owners: Mapping[str, str | None]) -> None:
+        """Each node's owner as the store shows it (``owner``, "" for none yet): every
+        instance shows every node's."""
+        nodes = self.nodes.nodes
+        self.nodes.apply(Observe(name, {"owner": owner or ""})
+                         for name, owner in owners.items() if name in nodes)  # fmt: skip
 
     def _set_peers(self, peers: tuple[str, ...]) -> None:
         if peers != self.policy.peers:

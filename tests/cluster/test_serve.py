@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from layerpy.proto.agent import PROTOCOL
 
 from etcd import EtcdCluster, Instance
 from netns import Netns
@@ -63,6 +66,7 @@ class Head:
         self.path.write_text(self.own + rest)
         self.log = self.folder / "serve.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.segment: Netns | None = None  # the boot segment's namespace (the nodes')
 
     @property
     def ns(self) -> Netns:
@@ -97,6 +101,23 @@ class Head:
         return subprocess.run([str(LAYERPY), *args, "-c", str(self.path)],
                               capture_output=True, text=True, timeout=60)  # fmt: skip
 
+    def boot(self, node: int) -> tuple[list[str], dict[str, Any]]:
+        """Node ``cn00<node>`` boots from this instance (its iPXE script: the servers on
+        the kernel command line) and its agent says hello here (the servers in the answer)."""
+        assert self.segment is not None
+        source, base = f"{SEGMENT}.{10 + node}", f"http://{self.address}:8080"
+        curl = ("curl", "-s", "--interface", source)
+        script = self.segment.run(*curl, f"{base}/boot/{NODES[node - 1]}.ipxe").stdout
+        token = re.search(r"layerpy.token=(\S+)", script)
+        servers = re.search(r"layerpy.server=(\S+)", script)
+        assert token and servers, script
+        body = {"node": NODES[node - 1], "mac": f"52:54:00:66:00:{10 + node}", "ip": source,
+                "boot_id": "b1", "seq": 1, "event": "hello", "busy": False,
+                "protocol": PROTOCOL, "token": token.group(1)}  # fmt: skip
+        result = self.segment.run(*curl, "-H", "Content-Type: application/json", "--data",
+                                  json.dumps(body), f"{base}/api/v1/agent/report")  # fmt: skip
+        return servers.group(1).split(","), json.loads(result.stdout)
+
     def owners(self) -> dict[str, str]:
         """node → owner, as this instance's cluster view says."""
         overview = self.json("/api/v1/cluster")
@@ -121,11 +142,15 @@ def heads(etcd_cluster: EtcdCluster, tmp_path: Path, count: int) -> Iterator[lis
     try:
         segment.run("ip", "link", "add", "seg0", "type", "bridge")
         segment.run("ip", "link", "set", "seg0", "up")
+        for node in range(len(NODES)):  # the nodes' addresses, for their agents' reports
+            segment.run("ip", "addr", "add", f"{SEGMENT}.{11 + node}/24", "dev", "seg0")
         for index in range(count):
             instance = etcd_cluster.add_instance()
             head = Head(tmp_path, instance, index, etcd_cluster.endpoints, prefix)
             instance.connect(segment.name, "seg0", "boot0", f"{head.address}/24")
             made.append(head)
+        for head in made:
+            head.segment = segment
         yield made
     finally:
         for head in made:
@@ -198,6 +223,51 @@ def test_a_reload_on_one_instance_applies_on_both(
         assert refused.returncode != 0
         assert "head2 refused it" in refused.stdout + refused.stderr, refused
         assert "revision 3" not in one.log.read_text() + two.log.read_text()
+
+
+def test_status_and_cluster_through_either_show_every_node_with_its_owner(
+    etcd_cluster: EtcdCluster, tmp_path: Path
+) -> None:
+    with heads(etcd_cluster, tmp_path, 2) as (one, two):
+        started(one, two)
+        both = {one.name, two.name}
+        until(lambda: all_owned(one, both), "every node owned", logs=(one, two))
+        owners = one.owners()
+        for head in (one, two):
+            nodes = head.json("/api/v1/nodes")
+            assert {node["name"]: node["owner"] for node in nodes} == owners
+            shown = head.cli("cluster")
+            assert shown.returncode == 0, shown.stderr
+            assert one.name in shown.stdout and two.name in shown.stdout
+            status = head.cli("status")
+            assert status.returncode == 0, status.stderr
+            assert "owner" in status.stdout
+            for node, owner in owners.items():
+                line = next(row for row in status.stdout.splitlines() if node in row)
+                assert owner in line, (node, owner, status.stdout)
+            metrics = head.call("/metrics")[1]
+            for name in both:
+                count = sum(owner == name for owner in owners.values())
+                assert f'layerpy_cluster_owned_nodes{{instance="{name}"}} {count}.0' in metrics
+            assert "layerpy_cluster_fence_open 1.0" in metrics
+
+
+def test_an_agent_is_told_its_owner_first_by_either_instance(
+    etcd_cluster: EtcdCluster, tmp_path: Path
+) -> None:
+    with heads(etcd_cluster, tmp_path, 2) as (one, two):
+        started(one, two)
+        both = {one.name, two.name}
+        until(lambda: all_owned(one, both) and all_owned(two, both), "every node owned",
+              logs=(one, two))  # fmt: skip
+        url = {one.name: f"http://{one.address}:8080", two.name: f"http://{two.address}:8080"}
+        owners = one.owners()
+        for index, node in enumerate(NODES, 1):
+            for head in (one, two):
+                cmdline, answer = head.boot(index)
+                for servers in (cmdline, answer.get("servers", answer)):
+                    assert servers[0] == url[owners[node]], (node, head.name, servers)
+                    assert sorted(servers) == sorted(url.values())
 
 
 def test_a_killed_instances_nodes_are_taken_over_within_ten_seconds(

@@ -23,6 +23,7 @@ import layerpy
 from layerpy.agent import Agent, Log, read_cmdline
 from layerpy.agent.core import load_config, post_json
 from layerpy.agent.net import Nic
+from layerpy.agent.servers import SHUN, Servers
 from layerpy.proto.agent import (
     MAX_SERVERS,
     PROTOCOL,
@@ -721,3 +722,34 @@ def test_a_server_that_hangs_is_left_after_the_timeout(agents, tmp_path) -> None
             a.wait_log(f"stopped answering (timed out); moving to {url(second)}")
         finally:
             second.close()
+
+
+def test_the_agent_moves_to_the_server_its_answer_names_first(agents, tmp_path) -> None:
+    """The owner of a node is listed first: its heartbeats go there (one line for the move)."""
+    first, owner = FakeServer(), FakeServer()
+    try:
+        first.servers = [url(owner), url(first)]
+        owner.servers = [url(owner), url(first)]
+        a = Running(f"{url(first)},{url(owner)}", tmp_path)
+        agents.append(a)
+        owner.wait(3)
+        assert len(first.reports) == 1  # the hello, then it moved
+        a.wait_log(f"moving from {url(first)} to {url(owner)}: the server names it first")
+        assert sum("moving" in line for line in a.lines()) == 1, a.lines()
+    finally:
+        first.close()
+        owner.close()
+
+
+def test_a_server_that_failed_is_followed_back_only_after_a_while() -> None:
+    """Another instance names a dead owner first until the owner's lease ends: the agent
+    does not bounce back to it on each answer."""
+    servers = Servers(["http://a:1", "http://b:1"])
+    assert servers.failed() == ("http://b:1", True)
+    servers.answered()
+    for _ in range(SHUN):
+        assert servers.lead() is None and servers.current == "http://b:1"
+    assert servers.lead() == "http://a:1"  # it came back (or still owns the node): followed
+    servers.update(["http://b:1", "http://a:1"])
+    assert servers.lead() == "http://b:1"
+    assert servers.lead() is None

@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from layerpy import census
 from layerpy.catalog import Catalog
+from layerpy.cluster.metrics import ClusterMetrics
 from layerpy.images import ImageStore
 from layerpy.lifecycle import Lifecycle
 from layerpy.model import PowerState
@@ -320,6 +321,7 @@ def test_the_docs_list_every_metric_and_the_dashboard_uses_no_other(make_config)
         stats.watch_nodes(
             functools.partial(census.count, Lifecycle(store, catalog, poll_interval=3600))
         )
+        stats.registry.register(ClusterMetrics(dict, list, bool))  # with [cluster] only
         text = (await stats.exposition()).decode()
         return {
             family.name + ("_total" if family.type == "counter" else ""): family.type

@@ -359,8 +359,10 @@ class Agent:
         if answer.heartbeat != self.heartbeat:
             self.log(f"heartbeat is now {answer.heartbeat:g} s (from server)")
             self.heartbeat = answer.heartbeat
-        if answer.servers is not None and self.servers.update(answer.servers):
-            self.log(f"servers are now {', '.join(answer.servers)} (from server)")
+        if answer.servers is not None:
+            if self.servers.update(answer.servers):
+                self.log(f"servers are now {', '.join(answer.servers)} (from server)")
+            self._follow()
         if self.runner is not None:
             self.runner.want(answer.image, answer.files)
         return answer
@@ -477,6 +479,16 @@ class Agent:
         delay = min(self._backoff, self.heartbeat) * random.uniform(0.5, 1.0)
         self._backoff = min(self._backoff * 2, self.heartbeat)
         return delay
+
+    def _follow(self) -> None:
+        """Report to the server the answer lists first (the node's owner) from now on."""
+        was = self.servers.current
+        lead = self.servers.lead()
+        if lead is None:
+            return
+        self.log(f"moving from {was} to {lead}: the server names it first (it owns this node)")
+        if self.runner is not None:
+            self.runner.use(lead)
 
     def _move(self, detail: str) -> None:
         """Report to the next server round the list: one line per move, and one when every

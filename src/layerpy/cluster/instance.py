@@ -23,6 +23,7 @@ from layerpy.cluster.backend import EtcdBackend
 from layerpy.cluster.etcd import Etcd, EtcdError, EtcdUnavailable
 from layerpy.cluster.file import Committed, FileRefused, SharedFile
 from layerpy.cluster.members import Membership, serving
+from layerpy.cluster.metrics import ClusterMetrics
 from layerpy.cluster.owners import Owners
 from layerpy.config import Config, ConfigError, parse_shared
 from layerpy.host import StartRefused
@@ -65,6 +66,8 @@ class ClusterInstance:
         self.apply: Callable[[str], Awaitable[Applied]] = _unattached
         self.fence_changed: Callable[[], None] = lambda: None
         self.on_peers: Callable[[tuple[str, ...]], None] = lambda peers: None
+        self.owners.on_owners = lambda changes: self.on_owners(changes)
+        self.on_owners: Callable[[Mapping[str, str | None]], None] = lambda changes: None
 
     @classmethod
     async def join(cls, config: Config) -> ClusterInstance:
@@ -114,12 +117,14 @@ class ClusterInstance:
         apply: Callable[[str], Awaitable[Applied]],
         fence_changed: Callable[[], None],
         on_peers: Callable[[tuple[str, ...]], None],
+        on_owners: Callable[[Mapping[str, str | None]], None],
     ) -> None:
         """The server's side: ``check`` a proposed file (ReloadRefused if this instance could
-        not run it), ``apply`` a committed one, ``fence_changed`` the lifecycle's, and
-        ``on_peers`` the other live instances' URLs serving this one's segment."""
+        not run it), ``apply`` a committed one, ``fence_changed`` the lifecycle's,
+        ``on_peers`` the other live instances' URLs serving this one's segment, and
+        ``on_owners`` the nodes whose owner changed (None: none owns it now)."""
         self.check, self.apply = check, apply
-        self.fence_changed, self.on_peers = fence_changed, on_peers
+        self.fence_changed, self.on_peers, self.on_owners = fence_changed, on_peers, on_owners
 
     async def start(self, nodes: Mapping[str, IPv4Address | None]) -> None:
         """Register (lease), then claim nodes. Raises StartRefused if the name is taken."""
@@ -148,6 +153,12 @@ class ClusterInstance:
         owner = self.owners.owners.get(node)
         instance = self.members.live.get(owner) if owner is not None else None
         return instance.url if instance is not None else None
+
+    def metrics(self) -> ClusterMetrics:
+        """The cluster's gauges, for the server's registry."""
+        members = self.members
+        return ClusterMetrics(lambda: self.owners.owners, lambda: members.live,
+                              lambda: members.clock.fresh(members.now()))  # fmt: skip
 
     def _members_changed(self) -> None:
         others = serving(self.members.live.values(), self.address)

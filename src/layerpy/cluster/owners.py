@@ -35,7 +35,8 @@ class Owners:
     """Claims and releases this instance's nodes; ``fence`` is the lifecycle's gate.
 
     ``on_fence_change`` (no arguments) is called when the fence may have changed for some
-    node: wire it to ``Lifecycle.fence_changed``."""
+    node: wire it to ``Lifecycle.fence_changed``. ``on_owners`` gets the owner keys that
+    changed (node → owning instance, None when none), for the operator's view."""
 
     def __init__(
         self,
@@ -54,6 +55,7 @@ class Owners:
         self.owners: dict[str, str] = {}  # node → owning instance, as last mirrored
         self.fence = Fence(members.clock, members.now, on_fence_change, self.owners.get)
         self.nodes: dict[str, IPv4Address | None] = {}
+        self.on_owners: Callable[[dict[str, str | None]], None] = lambda changes: None
         self._dirty = asyncio.Event()
         self._lease = 0  # the lease the last decision was made with
         self._tasks: list[asyncio.Task[None]] = []
@@ -86,16 +88,18 @@ class Owners:
 
     def _owners_changed(self, keys: set[str]) -> None:
         me = self.members.name
-        changes = {}
+        changes: dict[str, int | None] = {}
+        owners: dict[str, str | None] = {}
         for node in keys:
             kv = self._mirror.kvs.get(node)
             if kv is None:
                 self.owners.pop(node, None)
-                changes[node] = None
+                changes[node] = owners[node] = None
                 continue
-            self.owners[node] = owner = kv.value.decode(errors="replace")
+            self.owners[node] = owners[node] = owner = kv.value.decode(errors="replace")
             changes[node] = kv.lease if owner == me else None
         self.fence.set_owned(changes)
+        self.on_owners(owners)
         self._dirty.set()
 
     async def _decide_loop(self) -> None:

@@ -18,7 +18,7 @@ const LEGENDS = {
   image: ["active", "pulling", "updating", "stale", "error", "none", "unknown"],
 };
 const LIVE_FIELDS = ["power", "run_state", "busy", "image_state", "location", "console_problem",
-  "conflict", "problem", "power_error", "image_error"];
+  "conflict", "problem", "power_error", "image_error", "owner"];
 
 const state = {
   token: sessionStorage.getItem(TOKEN_KEY),
@@ -97,6 +97,7 @@ function live(node) {
     problem: node.problem,
     power_error: node.power_error,
     image_error: node.image ? node.image.error : null,
+    owner: node.owner, // in a cluster only: the instance that acts on it ("": none yet)
   };
 }
 
@@ -127,6 +128,9 @@ function shown(node) {
 
 function sectionOf(node) {
   if ($("group-by").value === "group") return node.group;
+  if ($("group-by").value === "owner") {
+    return node.owner ? `instance ${node.owner}` : "(no owner yet)";
+  }
   const where = node.location;
   return where && where.switch ? `switch ${where.switch}` : "(no location seen)";
 }
@@ -247,6 +251,7 @@ async function loadNodes() {
   const seq = response.headers.get("X-Layerpy-Seq");
   const listed = await response.json();
   state.nodes = new Map(listed.map((node) => [node.name, live(node)]));
+  $("group-by-owner").hidden = !listed.some((node) => node.owner !== undefined);
   state.lastId = seq === null ? null : Number(seq);
   render();
   if (!performance.getEntriesByName("layerpy-grid").length) {
@@ -317,7 +322,9 @@ async function heard(event) {
     for (const [key, value] of Object.entries(change.fields)) {
       if (LIVE_FIELDS.includes(key)) node[key] = value;
     }
-    if ("location" in change.fields && $("group-by").value === "switch") {
+    const by = $("group-by").value;
+    const moved = by === "switch" ? "location" : by === "owner" ? "owner" : null;
+    if (moved && moved in change.fields) {
       state.regroup = true;
       paintSoon(change.node);
     }
@@ -415,6 +422,7 @@ function showFacts(node) {
     ["agent", node.agent && node.agent.version],
     ["console", node.console_problem], ["conflict", node.conflict], ["problem", node.problem],
     ["power error", node.power_error], ["image error", node.image.error],
+    ["owner", node.owner === "" ? "none yet" : node.owner],
   ];
   $("facts").replaceChildren(...facts.filter(([, value]) => value !== null && value !== undefined
     && value !== "").flatMap(([term, value]) => {
