@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,18 +61,20 @@ echo "$1 $ip" >> {log}
 """
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, *logs: Path) -> float:
-    """Seconds until condition() holds; the failure says what was waited for, what the last
-    look saw, and the tails of the logs named."""
+def wait_for(
+    condition: Callable[[], Any], timeout: float, what: str, *logs: Path,
+    seen: Callable[[], Any] | None = None,
+) -> float:  # fmt: skip
+    """Seconds until condition() is true; the failure says what was waited for, what the
+    last look saw (`seen()`, else the condition's value) and the tails of the logs named."""
     start = time.monotonic()
-    while True:
-        seen = condition()
-        if seen:
-            return time.monotonic() - start
+    while not (value := condition()):
         if time.monotonic() - start > timeout:
+            saw = seen() if seen is not None else value
             tails = "".join(f"\n--- {log.name}:\n{tail(log)}" for log in logs)
-            raise AssertionError(f"waited {timeout:g} s for {what}; last saw {seen!r}{tails}")
+            raise AssertionError(f"waited {timeout:g} s for {what}; last saw {saw!r}{tails}")
         time.sleep(0.1)
+    return time.monotonic() - start
 
 
 def tail(path: Path, lines: int = 40) -> str:
@@ -129,6 +131,15 @@ class Server:
         wait_for(lambda: self.api("/api/v1/nodes")[0] == 200 or self.dead(), 60,
                  f"{self.name}'s operator API", self.log)  # fmt: skip
         assert not self.dead(), f"{self.name} stopped:\n{tail(self.log)}"
+
+    def reaches_etcd(self) -> str | bool:
+        """Every member answers this instance's namespace (else what curl said)."""
+        for url in self.rig.etcd.endpoints:
+            result = self.ns.netns.run("curl", "-sS", "--max-time", "2", f"{url}/version",
+                                       check=False)  # fmt: skip
+            if result.returncode:
+                return f"{url}: {result.stderr.strip()}"
+        return True
 
     def dead(self) -> bool:
         return self.proc is None or self.proc.poll() is not None
@@ -194,7 +205,7 @@ class Node:
     agent: subprocess.Popen[bytes] | None = None
     dhcp: subprocess.Popen[bytes] | None = None
     bmc_mark: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    port: str = ""  # its veth's end on the segment's bridge
 
     @property
     def name(self) -> str:
@@ -381,6 +392,7 @@ address = "{server.address}"
 state_dir = "state-{server.name}"
 heartbeat = 1
 dhcp_probe = 0.5
+other_dhcp = "expected"  # the other instances (serve does not yet tell its peers apart)
 
 [api]
 listen = []
@@ -398,11 +410,21 @@ prefix = "{self.prefix}"
     def add_node(self, index: int) -> Node:
         ns = Netns("lphn")
         node = Node(self, index, ns, self.mac(index))
-        self.plug(ns, node.mac)
+        node.port = self.plug(ns, node.mac)
         return node
 
-    def plug(self, ns: Netns, mac: str) -> None:
-        """A veth `eth0` with that MAC from ns onto the segment's bridge."""
+    def throttle(self, node: Node, rate: str | None) -> None:
+        """What the segment sends the node limited to `rate` (tc's units, "2mbit"), or
+        no more (None): a slow link, so an image pull takes seconds."""
+        if rate is None:
+            self.segment.run("tc", "qdisc", "del", "dev", node.port, "root", check=False)
+        else:
+            self.segment.run("tc", "qdisc", "replace", "dev", node.port, "root", "tbf",
+                             "rate", rate, "burst", "16kb", "latency", "400ms")  # fmt: skip
+
+    def plug(self, ns: Netns, mac: str) -> str:
+        """A veth `eth0` with that MAC from ns onto the segment's bridge; returns the name
+        of its port on the bridge."""
         here, there = unique_name("vn"), unique_name("vs")
         sh("ip", "link", "add", here, "address", mac, "type", "veth", "peer", "name", there)
         sh("ip", "link", "set", here, "netns", ns.name)
@@ -410,15 +432,19 @@ prefix = "{self.prefix}"
         self.segment.run("ip", "link", "set", there, "master", BMC_DEVICE, "up")
         ns.run("ip", "link", "set", here, "name", "eth0")
         ns.run("ip", "link", "set", "eth0", "up")
+        return there
 
     def start(self) -> None:
-        """Every instance, then every node's machine, address, agent and container."""
-        for server in self.servers:
-            server.start()
-        wait_for(lambda: all(s.owns() for s in self.servers) and self.owners(), 30,
-                 "every instance live and owning nodes", *(s.log for s in self.servers))  # fmt: skip
+        """Every node's machine, every instance, then every node's address, agent and
+        container."""
         for node in self.nodes:
             node.start_machine()
+        for server in self.servers:
+            wait_for(lambda s=server: s.reaches_etcd(), 30, f"{server.name} reaching etcd")
+            server.start()
+        wait_for(lambda: len(self.owners()) == len(self.nodes), 30, "every node owned",
+                 *(s.log for s in self.servers), seen=self.owners)  # fmt: skip
+        for node in self.nodes:
             node.start_dhcp()
             node.start_agent(self.token(node))
         for node in self.nodes:
