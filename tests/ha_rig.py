@@ -38,6 +38,7 @@ from bmc import BMC_DEVICE, qmp, start_bmc
 LAYERPY = Path(sys.executable).parent / "layerpy"
 SEGMENT = "10.88.0"
 BMC_PASSWORD = "matrix-bmc-Secret-3"
+SPARE, SPARE_MAC = "sp01", "52:54:00:88:00:31"  # a node that only boots: no agent, no BMC
 POWER_LINE = "power: "  # how the lab BMC logs each power command it carries out
 
 # the agent as the minOS runs it, with the container's console a file (no network setup:
@@ -342,6 +343,7 @@ class Rig:
         self.segment = Netns("lphs")
         self.servers: list[Server] = []
         self.nodes: list[Node] = []
+        self.spare = Netns("lphp")
         try:
             self.segment.run("ip", "link", "add", BMC_DEVICE, "type", "bridge")
             self.segment.run("ip", "link", "set", BMC_DEVICE, "up")
@@ -358,6 +360,8 @@ class Rig:
                 self.servers.append(Server(self, index, ns))
             for index in range(nodes):
                 self.nodes.append(self.add_node(index))
+            self.plug(self.spare, SPARE_MAC)
+            self.spare.run("ip", "addr", "add", f"{SEGMENT}.31/24", "dev", "eth0")
         except BaseException:
             self.close()
             raise
@@ -386,6 +390,11 @@ ip = "{SEGMENT}.[11-{10 + last}]"
 mac = [{macs}]
 image = "one"
 bmc = {{ driver = "ipmi", address = "{SEGMENT}.[61-{60 + last}]", user = "admin", password_file = "bmc.pass" }}
+
+[groups.spare]
+nodes = "{SPARE}"
+ip = "{SEGMENT}.31"
+mac = "{SPARE_MAC}"
 {more}"""
 
     def own_tables(self, server: Server) -> str:
@@ -496,6 +505,7 @@ prefix = "{self.prefix}"
         for server in self.servers:
             if not server.dead():
                 server.kill()
+        self.spare.close()
         self.segment.close()
 
 
