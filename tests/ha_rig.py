@@ -194,8 +194,12 @@ class Server:
         return self.ns.netns.run(str(LAYERPY), command, "--server", str(self.socket), *rest,
                                  check=False, timeout=60)  # fmt: skip
 
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace")
+    def log_text(self, since: int = 0) -> str:
+        """The log from byte `since` on (a `log_size()` taken earlier)."""
+        return self.log.read_bytes()[since:].decode(errors="replace")
+
+    def log_size(self) -> int:
+        return self.log.stat().st_size
 
 
 @dataclass
@@ -455,7 +459,7 @@ prefix = "{self.prefix}"
         for server in self.servers:
             wait_for(lambda s=server: s.reaches_etcd(), 30, f"{server.name} reaching etcd")
             server.start()
-        wait_for(lambda: len(self.owners()) == len(self.nodes), 30, "every node owned",
+        wait_for(lambda: {n.name for n in self.nodes} <= set(self.owners()), 30, "every node owned",
                  *(s.log for s in self.servers), seen=self.owners)  # fmt: skip
         for node in self.nodes:
             node.start_dhcp()
