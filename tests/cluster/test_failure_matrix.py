@@ -221,10 +221,10 @@ def test_losing_one_etcd_member_changes_nothing_visible(
     reports_advance(rig, f"etcd member {leader.name} killed")
     rig.shared_text = rig.shared_text.replace("lease_time = 20", "lease_time = 21")
     reload(rig, rig.servers[1])  # two-phase: it returns once every instance accepted it
-    # an action: cn003's image changed by the API, carried out by its owner
+    # an action: cn003's image changed through its owner's API, and carried out
     node = rig.nodes[2]
     before = node.starts()
-    code, text = rig.servers[0].post("/api/v1/image", {"nodes": node.name, "image": "one"})
+    code, text = rig.owner_of(node).post("/api/v1/image", {"nodes": node.name, "image": "one"})
     assert code == 200, f"POST /api/v1/image: {code} {text}"
     wait_for(lambda: node.starts() == before + 1, 60, f"{node.name} switching image",
              node.agent_log)  # fmt: skip
@@ -252,6 +252,8 @@ def test_losing_one_etcd_member_changes_nothing_visible(
 def test_without_quorum_boots_and_reports_go_on_actions_wait(
     rig: Rig, etcd_cluster: EtcdCluster
 ) -> None:
+    node = rig.nodes[0]
+    owner = rig.owner_of(node)
     marks = {server.name: server.log_size() for server in rig.servers}
     lost = etcd_cluster.members[:2]
     for member in lost:
@@ -261,9 +263,8 @@ def test_without_quorum_boots_and_reports_go_on_actions_wait(
         wait_for(lambda s=server: HELD in s.log_text(marks[s.name]), 15,
                  f"{server.name} saying it holds ({HELD!r})", server.log)  # fmt: skip
     held = time.monotonic() - started
-    node = rig.nodes[0]
     before = node.starts()
-    code, text = rig.servers[0].post("/api/v1/image", {"nodes": node.name, "image": "one"})
+    code, text = owner.post("/api/v1/image", {"nodes": node.name, "image": "one"})
     assert code in (200, 503), f"an action without quorum: {code} {text}"
     for server in rig.servers:
         boots(rig, server)
@@ -279,7 +280,7 @@ def test_without_quorum_boots_and_reports_go_on_actions_wait(
         wait_for(lambda s=server: BACK in s.log_text(marks[s.name]).split(HELD)[-1], 30,
                  f"{server.name} acting again ({BACK!r})", server.log)  # fmt: skip
     if code != 200:  # refused while held: asked again now
-        code, text = rig.servers[0].post("/api/v1/image", {"nodes": node.name, "image": "one"})
+        code, text = owner.post("/api/v1/image", {"nodes": node.name, "image": "one"})
         assert code == 200, f"POST /api/v1/image after quorum: {code} {text}"
     wait_for(lambda: node.starts() == before + 1, 60,
              f"{node.name}'s image switch carried out after quorum is back", node.agent_log)  # fmt: skip
