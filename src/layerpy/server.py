@@ -25,7 +25,7 @@ from layerpy.auth import Tokens
 from layerpy.boot import BootPolicy
 from layerpy.catalog import Catalog
 from layerpy.cluster.instance import Applied, ClusterInstance
-from layerpy.config import Config, ConfigError, ReloadRefused, load, parse_shared
+from layerpy.config import Config, ConfigError, ReloadRefused, load, parse, parse_shared
 from layerpy.consoles import Consoles
 from layerpy.host import StartRefused
 from layerpy.images import ImageStore
@@ -74,7 +74,7 @@ class Server:
                            on_peers=self._set_peers, on_owners=self._show_owners)  # fmt: skip
             self.policy.owner_url = cluster.owner_url
             self.stats.registry.register(cluster.metrics())
-            self._show_owners(dict.fromkeys(self.nodes.nodes))
+            self._show_owners(dict.fromkeys(self.nodes.nodes), quiet=True)  # none yet: not news
         self.plan = budget.plan(budget.raise_limit())  # what each subsystem may hold
         self.consoles = Consoles(config.server.state_dir / "consoles", self.nodes.saw_console,
                                  most=self.plan.consoles)  # fmt: skip
@@ -108,9 +108,10 @@ class Server:
         """The cluster's reload: the file read and checked as a local reload would be, then
         proposed (not under the lock: the commit's apply takes it)."""
         assert self.cluster is not None
+        path = self.config.path
         try:
-            await asyncio.to_thread(self._read_again)
-            text = await asyncio.to_thread(self.config.path.read_text, encoding="utf-8")
+            text = await asyncio.to_thread(path.read_text, encoding="utf-8")
+            await asyncio.to_thread(self._compared, lambda: parse(text, path))  # own tables too
             return await self.cluster.propose(text)
         except ReloadRefused as refused:
             log.error("reload refused, the running configuration stays: %s", refused)
@@ -141,11 +142,11 @@ class Server:
         finally:
             self.ready()
 
-    def _show_owners(self, owners: Mapping[str, str | None]) -> None:
+    def _show_owners(self, owners: Mapping[str, str | None], quiet: bool = False) -> None:
         """Each node's owner as the store shows it (``owner``, "" for none yet): every
         instance shows every node's."""
         nodes = self.nodes.nodes
-        self.nodes.apply(Observe(name, {"owner": owner or ""})
+        self.nodes.apply(Observe(name, {"owner": owner or ""}, quiet=quiet)
                          for name, owner in owners.items() if name in nodes)  # fmt: skip
 
     def _set_peers(self, peers: tuple[str, ...]) -> None:

@@ -5,6 +5,7 @@ of the test's), each with a node file of its own whose rest is the cluster's."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 import signal
@@ -42,6 +43,7 @@ gateway = "{SEGMENT}.1"
 nodes = "cn[001-006]"
 ip = "{SEGMENT}.[11-16]"
 mac = "52:54:00:66:00:11-52:54:00:66:00:16"
+bmc = {{ driver = "none" }}
 """
 
 
@@ -149,6 +151,9 @@ def heads(etcd_cluster: EtcdCluster, tmp_path: Path, count: int) -> Iterator[lis
             head = Head(tmp_path, instance, index, etcd_cluster.endpoints, prefix)
             instance.connect(segment.name, "seg0", "boot0", f"{head.address}/24")
             made.append(head)
+            # its links up before an instance runs there (it gives etcd 20 s, then refuses)
+            until(functools.partial(reaches, instance, etcd_cluster.endpoints[0]),
+                  f"{instance.address} reaching etcd")  # fmt: skip
         for head in made:
             head.segment = segment
         yield made
@@ -156,6 +161,12 @@ def heads(etcd_cluster: EtcdCluster, tmp_path: Path, count: int) -> Iterator[lis
         for head in made:
             head.stop(signal.SIGKILL)
         segment.close()
+
+
+def reaches(instance: Instance, url: str) -> bool:
+    """Whether an etcd member answers from the instance's namespace."""
+    curl = instance.netns.run("curl", "-s", "-m", "1", f"{url}/version", check=False)
+    return curl.returncode == 0
 
 
 def until(condition: Callable[[], object], what: str, timeout: float = WAIT, logs=()) -> float:
@@ -282,6 +293,8 @@ def test_a_killed_instances_nodes_are_taken_over_within_ten_seconds(
         took = until(lambda: all_owned(two, {two.name}), "head2 owning every node",
                      timeout=TAKEOVER, logs=(two,))  # fmt: skip
         print(f"take-over after kill -9: {took:.1f} s")
+        until(lambda: {node["owner"] for node in two.json("/api/v1/nodes")} == {two.name},
+              "head2's node list naming it the owner of every node", logs=(two,))  # fmt: skip
         shown = two.json("/api/v1/cluster")
         assert [i["name"] for i in shown["instances"] if i["alive"]] == [two.name]
         text = two.cli("cluster").stdout
@@ -302,3 +315,46 @@ def test_a_clean_stop_hands_the_nodes_over_at_once(
               logs=(one, two))  # fmt: skip
         print(f"hand-over after a clean stop: {time.monotonic() - stopping:.1f} s")
         assert "could not revoke" not in one.log.read_text()
+
+
+def test_an_instance_cut_off_from_etcd_stops_acting_and_says_so(
+    etcd_cluster: EtcdCluster, tmp_path: Path
+) -> None:
+    with heads(etcd_cluster, tmp_path, 2) as (one, two):
+        started(one, two)
+        both = {one.name, two.name}
+        until(lambda: all_owned(two, both) and one.name in two.owners().values(),
+              "both instances owning nodes", logs=(one, two))  # fmt: skip
+        node = next(node for node, owner in two.owners().items() if owner == one.name)
+        one.instance.cut()
+        try:
+            closed = until(lambda: "layerpy_cluster_fence_open 0.0" in one.call("/metrics")[1],
+                           "head1's fence closed", logs=(one,))  # fmt: skip
+            print(f"fence closed {closed:.1f} s after the cut")
+            shown = one.cli("cluster")
+            assert "lost etcd: not acting" in shown.stdout, shown.stdout + shown.stderr
+            off = json.dumps({"nodes": node, "action": "off"})
+            code, body = one.call("/api/v1/power", "-X", "POST", "-H",
+                                  "Content-Type: application/json", "--data", off)  # fmt: skip
+            assert code == 200, body
+            until(lambda: "lost etcd" in str(one.json(f"/api/v1/nodes/{node}/explain")["held"]),
+                  f"explain of {node} on head1 saying it is held", logs=(one,))  # fmt: skip
+            until(lambda: all_owned(two, {two.name}), "head2 owning every node",
+                  timeout=TAKEOVER, logs=(two,))  # fmt: skip
+        finally:
+            one.instance.restore(check=False)
+
+
+def test_an_instance_that_reaches_no_etcd_member_does_not_start(
+    etcd_cluster: EtcdCluster, tmp_path: Path
+) -> None:
+    with heads(etcd_cluster, tmp_path, 1) as (one,):
+        one.path.write_text(one.path.read_text().replace(
+            ", ".join(f'"{url}"' for url in etcd_cluster.endpoints), '"http://10.79.0.250:2379"'
+        ))  # fmt: skip
+        one.start()
+        assert one.proc is not None
+        assert one.proc.wait(60)  # it tries for REACH_WITHIN (20 s) first != 0
+        said = one.log.read_text()
+        assert "no etcd member answered" in said and "http://10.79.0.250:2379" in said, said
+        assert "start etcd's members" in said

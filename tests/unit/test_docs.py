@@ -69,6 +69,7 @@ HOLDERS = {  # what the code calls each holder of state (a name, an attribute, a
     "lifecycle/": {"lifecycle", "power", "POWER"},
     "catalog.py": {"catalog", "CATALOG"},
     "boot.py": {"booter", "policy", "BOOTER"},
+    "cluster/file.py": {"shared"},
 }
 TICKED = re.compile(r"`([^`]+)`")
 

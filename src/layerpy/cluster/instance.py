@@ -30,6 +30,7 @@ from layerpy.host import StartRefused
 
 log = logging.getLogger("layerpy.cluster")
 
+REACH_WITHIN = 20.0  # seconds a starting instance tries etcd before it gives up (booted together)
 FLUSH_WITHIN = 5.0  # seconds a clean stop waits for the store's queued writes to reach etcd
 
 Applied = dict[str, list[str]]  # what a reload changed, as `layerpy reload` shows it
@@ -59,8 +60,8 @@ class ClusterInstance:
         self.owners = Owners(self.etcd, self.members, prefix=cluster.prefix,
                              on_fence_change=lambda: self.fence_changed())  # fmt: skip
         self.fence = self.owners.fence
-        on_members = self.members.on_members  # ownership's: decide again
-        self.members.on_members = lambda: (on_members(), self._members_changed())
+        self._ownership_members = self.members.on_members  # ownership's: decide again
+        self.members.on_members = self._members_changed
         # wired by the server (attach)
         self.check: Callable[[str], Awaitable[object]] = _unattached
         self.apply: Callable[[str], Awaitable[Applied]] = _unattached
@@ -85,7 +86,7 @@ class ClusterInstance:
     async def _join(self, own_text: str) -> None:
         members = ", ".join(self.etcd.endpoints)
         try:
-            await self.etcd.open()
+            await self._reach()
             committed = await self.shared.start()
             if committed.text != own_text:
                 self.config = await asyncio.to_thread(
@@ -109,6 +110,19 @@ class ClusterInstance:
                 f"the cluster's node file (revision {self.shared.revision}) cannot run here:\n"
                 + error.render()
             ) from None
+
+    async def _reach(self) -> None:
+        """First contact, tried again for REACH_WITHIN seconds: etcd and layerpy may start
+        together (a host's boot), and a member may be electing a leader."""
+        give_up = asyncio.get_running_loop().time() + REACH_WITHIN
+        while True:
+            try:
+                return await self.etcd.open()
+            except EtcdUnavailable as error:
+                if asyncio.get_running_loop().time() >= give_up:
+                    raise
+                log.warning("etcd: %s; trying again until %g s have passed", error, REACH_WITHIN)
+            await asyncio.sleep(1.0)
 
     def attach(
         self,
@@ -161,6 +175,7 @@ class ClusterInstance:
                               lambda: members.clock.fresh(members.now()))  # fmt: skip
 
     def _members_changed(self) -> None:
+        self._ownership_members()
         others = serving(self.members.live.values(), self.address)
         self.on_peers(tuple(i.url for i in others if i.name != self.name))
 

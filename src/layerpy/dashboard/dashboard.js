@@ -394,6 +394,7 @@ function why(explained) {
   if (explained.console) lines.push(`console: ${explained.console}`);
   if (explained.gave_up) lines.push(explained.gave_up);
   if (explained.blocked) lines.push(`blocked: ${explained.blocked}`);
+  if (explained.held) lines.push(`held: ${explained.held}`); // the fence: not this instance's
   const current = explained.current;
   if (current) {
     lines.push(`now: ${current.mutation} (${current.status}, ${current.elapsed} s)`);
