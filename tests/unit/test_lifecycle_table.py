@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -132,3 +133,19 @@ def test_a_node_not_heard_since_a_restart_has_a_heartbeat_before_it_counts_as_hu
     assert waits.timeout == BOOT_TIMEOUT  # heartbeat 2 s: the boot's own time is longer
     slow = dataclasses.replace(config, server=dataclasses.replace(config.server, heartbeat=300))
     assert lifecycle_of(slow).engine.graph.mutations["boot.wait"].timeout == 600
+
+
+def test_assignments_keep_the_file_of_earlier_releases(make_config) -> None:
+    """assigned.jsonl through the store's backend: an upgraded state directory is read,
+    and new lines are written as before."""
+    config = make_config()
+    journal = config.server.state_dir / "assigned.jsonl"
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    old = {"node": "cn001", "image": "base", "digest": "sha256:" + "a" * 64}
+    journal.write_text(json.dumps(old) + "\n")
+    lifecycle = lifecycle_of(config)
+    assert lifecycle.assigned == {"cn001": ("base", "sha256:" + "a" * 64)}
+    lifecycle.assign("cn001", None)
+    assert json.loads(journal.read_text().splitlines()[-1]) == {
+        "node": "cn001", "image": None, "digest": None}  # fmt: skip
+    assert lifecycle_of(config).assigned == {}

@@ -139,6 +139,9 @@ def test_local_journal_keeps_todays_files(tmp_path) -> None:
     assert again.load(LEASES) == {"10.99.0.200": {"mac": "52:54:00:00:00:99", "expires": 5.0}}
     assert again.load(OVERRIDES) == {"cn002": {"power": "off"}}
     assert again.load(OBSERVED) == {}
+    assert journal.get(OBSERVED, "cn001") is None  # not even in memory
+    assert {path.name for path in tmp_path.iterdir()} == {
+        "boots.jsonl", "bindings.json", "leases.jsonl", "overrides.jsonl"}  # fmt: skip
     again.delete(LEASES, "10.99.0.200")
     again.delete(BINDINGS, "cn003")
     assert LocalJournal(tmp_path).load(LEASES) == {} and LocalJournal(tmp_path).load(BINDINGS) == {}

@@ -25,7 +25,7 @@ from layerpy.lifecycle.table import BOOT_TIMEOUT, VARIABLES, desired, mutations
 from layerpy.logs import Throttle
 from layerpy.model import ImageState, Node, PowerState, RunState
 from layerpy.nodes import GAP, NodeStore
-from layerpy.nodes.backend import ASSIGNED, Record
+from layerpy.nodes.backend import ASSIGNED, OVERRIDES, Record
 from layerpy.nodes.store import VARIABLE_FIELDS
 from layerpy.power import PowerDriver, PowerError, close_all, make_driver
 from layerpy.power.poller import Poller
@@ -66,7 +66,7 @@ class Lifecycle:
         # Through the store's backend: in a cluster, what the owner's engine assigned is
         # what any instance's answers to that node's agent carry.
         self.assigned = self._load_assigned()
-        store.backend.on_change(self._assigned_elsewhere)
+        store.backend.on_change(self._changed_elsewhere)
         self.deliveries = Deliveries()
         server = store.config.server  # its keys are fixed until a restart
         # a node a restarted server has not heard from yet reports within a heartbeat
@@ -83,6 +83,9 @@ class Lifecycle:
         self.changes = store.feed.subscribe()  # before anything can change
         for node in store.nodes.values():
             self._add(node)
+        if store.backend.instance is not None:  # overrides made through other instances
+            for name, record in store.backend.load(OVERRIDES).items():
+                self._changed_elsewhere(OVERRIDES, name, record)
 
     def _published(self, name: str, fields: dict[str, str]) -> None:
         """An action fired or ended: on the change feed (the event stream, the dashboard)."""
@@ -204,10 +207,23 @@ class Lifecycle:
                 found[name] = image
         return found
 
-    def _assigned_elsewhere(self, kind: str, name: str, record: Record | None) -> None:
-        """Another instance's engine assigned an image (the backend's ``on_change``)."""
-        if kind == ASSIGNED and name in self.store.nodes:
+    def _changed_elsewhere(self, kind: str, name: str, record: Record | None) -> None:
+        """Another instance's engine assigned an image, or an operator overrode a node's
+        wish through another instance (the backend's ``on_change``): taken, not written
+        back."""
+        if name not in self.store.nodes:
+            return
+        if kind == ASSIGNED:
             self._assign(name, None if record is None else _assignment(record))
+        elif kind == OVERRIDES:
+            wish = {k: v for k, v in (record or {}).items()
+                    if k in ("power", "image") and isinstance(v, str)}  # fmt: skip
+            if wish != self.overrides.get(name, {}):
+                if wish:
+                    self.overrides[name] = wish
+                else:
+                    self.overrides.pop(name, None)
+                self._wish_changed(name)
 
     # -- desired state -----------------------------------------------------------------
 
@@ -256,6 +272,7 @@ class Lifecycle:
             self.overrides.pop(name, None)
         else:
             self.overrides.setdefault(name, {})["power"] = power
+        self._share_override(name)
         source = " (override)" if power else " (from the file)"
         log.info("%s: desired power %s%s", name, power or self.store.nodes[name].config.power,
                  source)  # fmt: skip
@@ -266,8 +283,15 @@ class Lifecycle:
         if image not in self.catalog.entries:
             raise ValueError(f"no image named {image!r} in the node file")
         self.overrides.setdefault(name, {})["image"] = image
+        self._share_override(name)
         images_log.info("%s: desired image %s (override)", name, image)
         self._wish_changed(name)
+
+    def _share_override(self, name: str) -> None:
+        """In a cluster, an operator's override reaches the instance that acts on the node
+        (a single server keeps overrides in memory only, as before: a restart ends them)."""
+        if self.store.backend.instance is not None:
+            self.store.backend.put(OVERRIDES, name, dict(self.overrides.get(name, {})))
 
     async def cycle(self, name: str) -> None:
         """An operator's one-off power cycle (not a change of desired state)."""
@@ -293,6 +317,8 @@ class Lifecycle:
         if added or removed or changed:
             ended = set(self.overrides) - removed
             self.overrides.clear()
+            for name in ended:  # every instance ends them: the same record, written again
+                self._share_override(name)
         old_drivers = []
         for name in removed:
             self.assign(name, None)  # a changed node runs its image until told anew

@@ -114,8 +114,8 @@ def _boot(mine: Boot | None, theirs: Any) -> Boot | None:
         phases = {Phase(p): float(t) for p, t in theirs.get("phases", {}).items()}
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
-    if mine is not None and started < mine.started:
-        return None
+    if mine is not None and started < mine.started and not (mine.resumed and not mine.phases):
+        return None  # (a boot read back at start knows nothing but its token: theirs is news)
     if mine is not None and started == mine.started:
         if phases.keys() <= mine.phases.keys():
             return None

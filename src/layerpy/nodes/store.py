@@ -153,6 +153,12 @@ class NodeStore:
         for name in added | moved:
             self.identities.add(self.nodes[name])
         self.config = config
+        if self.instance is not None and added:  # what other instances know of them
+            with self._remote():
+                for name in added:
+                    for kind in (TOKENS, BINDINGS, OBSERVED):
+                        if (record := self.backend.get(kind, name)) is not None:
+                            self._followed(kind, name, record)
         if added or changed:  # a machine that booted unknown may be one of them now
             for mac in [mac for mac in self.unknown if self.by_mac(mac)]:
                 self.unknown.forget(mac)

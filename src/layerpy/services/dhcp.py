@@ -16,7 +16,7 @@ import os
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from ipaddress import IPv4Address
 
 from layerpy.boot import Booter, Verdict
@@ -80,6 +80,7 @@ class DhcpService:
         self.proxy = proxy
         self.send = send
         self._logged: OrderedDict[str, str] = OrderedDict()  # MAC -> last outcome logged
+        self._keeping: set[asyncio.Task[None]] = set()  # replies waiting for etcd (a cluster)
         self._identity = ServerIdentity(server_address, booter.config.network.subnet)
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
@@ -142,6 +143,13 @@ class DhcpService:
             decision = decide(request, server, verdict.grant)
         self.booter.apply(verdict, decision.effects)  # kept before it is promised
         reply, destination = decision.reply, decision.destination
+        keeping = self.booter.keeping()  # a cluster's pool: a transaction before the reply
+        if keeping is not None:
+            send = None if reply is None or destination is None else (reply, destination)
+            task = asyncio.get_running_loop().create_task(self._send_kept(keeping, send))
+            self._keeping.add(task)
+            task.add_done_callback(self._keeping.discard)
+            return verdict, decision
         if reply is None or destination is None or self.send is None:
             return verdict, decision
         # unicast replies wait in the kernel for ARP; when they fill the socket's buffer a
@@ -149,6 +157,20 @@ class DhcpService:
         if not self.send(dhcp.encode(reply), destination):
             self.stats.count("dhcp", "dropped", ok=False)
         return verdict, decision
+
+    async def _send_kept(
+        self, keeping: Awaitable[bool], send: tuple[dhcp.DhcpPacket, tuple[str, int]] | None
+    ) -> None:
+        """The reply once the pool's transaction is kept; nothing when another instance
+        got there first (the client asks again)."""
+        if not await keeping:
+            self.stats.count("dhcp", "not-kept", ok=False)
+        elif (
+            send is not None
+            and self.send is not None
+            and not self.send(dhcp.encode(send[0]), send[1])
+        ):
+            self.stats.count("dhcp", "dropped", ok=False)
 
     def _log(
         self, mac: str, kind: str, source: str, verdict: Verdict, decision: Decision, answer: str
