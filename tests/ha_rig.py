@@ -118,7 +118,7 @@ class Server:
     def socket(self) -> Path:
         return self.rig.config_dir / f"state-{self.name}" / "api.sock"
 
-    def start(self, code: Path | None = None, again: bool = True) -> None:
+    def start(self, code: Path | None = None) -> None:
         """Start (or start again) from the cluster's node file as the rig has it now; `code`:
         a directory holding another copy of the `layerpy` package to run (an upgrade)."""
         self.file.write_text(self.rig.own_tables(self) + self.rig.shared_text)
@@ -131,10 +131,6 @@ class Server:
                                             stdout=out, stderr=out, env=env)  # fmt: skip
         wait_for(lambda: self.api("/api/v1/nodes")[0] == 200 or self.dead(), 60,
                  f"{self.name}'s operator API", self.log)  # fmt: skip
-        if self.dead() and "no etcd member answered" in tail(self.log, 1) and again:
-            # seen on this loaded 2-core machine: each member's first answer over 2 s
-            print(f"\n{self.name}: etcd did not answer its first contact; starting it again")
-            return self.start(code, again=False)
         assert not self.dead(), f"{self.name} stopped:\n{tail(self.log)}"
 
     def reaches_etcd(self) -> str | bool:
