@@ -487,3 +487,17 @@ def test_a_flood_of_informs_from_made_up_addresses_is_a_few_lines(service, caplo
         service.datagram_received(inform, (str(ciaddr), 68))
     assert 0 < len(caplog.records) <= BURST, [r.getMessage() for r in caplog.records]
     assert logs.suppressed["dhcp", "inform silent"] >= 1000 - BURST
+
+
+def test_a_nodes_agent_is_given_its_owner_first(make_config) -> None:
+    """In a cluster the instance owning a node judges its heartbeats: its boot script and
+    its answers name that instance first, then the others of the segment, once each."""
+    policy = BootPolicy(NodeStore(make_config(), clock=Clock()))
+    here, other = "http://10.99.0.1:8080", "http://10.99.0.2:8080"
+    assert policy.servers_of("cn001") == (here,)  # a single server: itself
+    policy.peers = (other,)
+    policy.owner_url = {"cn002": other}.get
+    assert policy.servers_of("cn001") == (here, other)  # no owner yet: this one first
+    assert policy.servers_of("cn002") == (other, here)
+    script = policy.script("cn002", "10.99.0.12")
+    assert script is not None and f"layerpy.server={other},{here} " in script
