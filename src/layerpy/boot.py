@@ -13,7 +13,7 @@ there and only there. HTTP asks for scripts and, with TFTP, says what was fetche
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from ipaddress import IPv4Address
 from typing import Any, Protocol
@@ -108,6 +108,10 @@ class Booter(Protocol):
         """Every instance an agent of this segment may report to, this one first."""
         ...
 
+    def servers_of(self, node: str) -> tuple[str, ...]:
+        """The servers for ``node``'s agent, the one that owns it first."""
+        ...
+
     def tick(self) -> list[Lease]: ...
     def verdict(self, request: DhcpPacket, sender: str) -> Verdict: ...
     def apply(self, verdict: Verdict, effects: Iterable[Effect]) -> None: ...
@@ -157,6 +161,7 @@ class BootPolicy:
         self._leases = self._pool_table()
         self._ports = PortShares()  # pool holders behind relay ports
         self.peers: tuple[str, ...] = ()  # the other instances' URLs on this segment
+        self.owner_url: Callable[[str], str | None] = lambda node: None  # its owner's URL
 
     @property
     def config(self) -> Config:
@@ -171,6 +176,14 @@ class BootPolicy:
     def servers(self) -> tuple[str, ...]:
         """Every instance serving the boot segment, this one first: the agents' servers."""
         return (self.base_url, *(url for url in self.peers if url != self.base_url))
+
+    def servers_of(self, node: str) -> tuple[str, ...]:
+        """A node's agent's servers: its owner first (its heartbeats are the owner's to
+        judge), then the others."""
+        servers, owner = self.servers, self.owner_url(node)
+        if owner is None or owner == servers[0]:
+            return servers
+        return (owner, *(url for url in servers if url != owner))
 
     @property
     def leases(self) -> LeaseTable | None:
@@ -456,7 +469,7 @@ class BootPolicy:
     def _script(self, name: str, token: str, mac: str, persist: str = "") -> str:
         heartbeat = self.config.server.heartbeat
         layerpy = Cmdline(self.base_url, name, token, mac, heartbeat, persist=persist,
-                          servers=self.servers)  # fmt: skip
+                          servers=self.servers_of(name))  # fmt: skip
         cmdline = " ".join(arg for arg in ("initrd=minos", self.config.minos.cmdline) if arg)
         cmdline += " " + layerpy.format()
         return (

@@ -13,8 +13,9 @@ import functools
 import gc
 import logging
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
+from ipaddress import IPv4Address
 from pathlib import Path
 
 from aiohttp import web
@@ -23,7 +24,8 @@ from layerpy import budget, census, host, logs
 from layerpy.auth import Tokens
 from layerpy.boot import BootPolicy
 from layerpy.catalog import Catalog
-from layerpy.config import Config, ConfigError, ReloadRefused, load
+from layerpy.cluster.instance import Applied, ClusterInstance
+from layerpy.config import Config, ConfigError, ReloadRefused, load, parse_shared
 from layerpy.consoles import Consoles
 from layerpy.host import StartRefused
 from layerpy.images import ImageStore
@@ -45,17 +47,31 @@ LAG_PROBE = 0.05  # seconds between looks at the event loop's lag
 
 
 class Server:
-    def __init__(self, config: Config, *, state_dir: Path | None = None) -> None:
+    """One ``layerpy serve``; with ``cluster`` (joined: its file in force is ``config``)
+    one instance of a cluster, whose store lives in etcd and whose lifecycle acts on the
+    nodes it owns only."""
+
+    def __init__(
+        self, config: Config, *, state_dir: Path | None = None,
+        cluster: ClusterInstance | None = None,
+    ) -> None:  # fmt: skip
         self.state_dir = state_dir
+        self.cluster = cluster
         config = self._with_overrides(config)
         _private_directory(config.server.state_dir)  # before anything makes it, 0755
         self.stats = Stats()
-        self.nodes = NodeStore(config)
+        self.nodes = NodeStore(config, backend=cluster.backend if cluster else None)
         images = ImageStore(config.server.state_dir / "images")
         self.catalog = Catalog(images, self.nodes.feed, self.stats)
-        self.lifecycle = Lifecycle(self.nodes, self.catalog, config.server.power_poll, self.stats)
+        self.lifecycle = Lifecycle(self.nodes, self.catalog, config.server.power_poll, self.stats,
+                                   fence=cluster.fence if cluster else None)  # fmt: skip
         self.stats.watch_nodes(functools.partial(census.count, self.lifecycle))
         self.policy = BootPolicy(self.nodes)
+        if cluster is not None:
+            cluster.attach(check=self._check_shared, apply=self._apply_shared,
+                           fence_changed=self.lifecycle.fence_changed,
+                           on_peers=self._set_peers)  # fmt: skip
+            self.policy.owner_url = cluster.owner_url
         self.plan = budget.plan(budget.raise_limit())  # what each subsystem may hold
         self.consoles = Consoles(config.server.state_dir / "consoles", self.nodes.saw_console,
                                  most=self.plan.consoles)  # fmt: skip
@@ -73,14 +89,57 @@ class Server:
             return config
         return replace(config, server=replace(config.server, state_dir=self.state_dir))
 
-    async def reload(self) -> dict[str, list[str]]:
+    async def reload(self) -> Applied:
         """Re-read the node file and apply it whole, or refuse it whole (the service
-        manager hears RELOADING, then READY either way)."""
+        manager hears RELOADING, then READY either way). In a cluster: checked here, then
+        proposed to every instance, applied by all or none."""
         reloading()
         try:
-            return await self._reload()
+            if self.cluster is None:
+                return await self._reload()
+            return await self._propose()
         finally:
             self.ready()
+
+    async def _propose(self) -> Applied:
+        """The cluster's reload: the file read and checked as a local reload would be, then
+        proposed (not under the lock: the commit's apply takes it)."""
+        assert self.cluster is not None
+        try:
+            await asyncio.to_thread(self._read_again)
+            text = await asyncio.to_thread(self.config.path.read_text, encoding="utf-8")
+            return await self.cluster.propose(text)
+        except ReloadRefused as refused:
+            log.error("reload refused, the running configuration stays: %s", refused)
+            raise
+        except OSError as error:
+            log.error("reload refused, cannot read %s: %s", self.config.path, error.strerror)
+            raise ReloadRefused([f"{self.config.path}: cannot read it: {error.strerror}"]) from None
+
+    async def _check_shared(self, text: str) -> FileChange:
+        """Could this instance run the cluster's file ``text``? (ReloadRefused if not.)"""
+        assert self.cluster is not None
+        own, path = self.cluster.shared.own_text, self.config.path
+        return await asyncio.to_thread(self._compared, lambda: parse_shared(text, own, path))
+
+    async def _apply_shared(self, text: str) -> Applied:
+        """A committed revision of the cluster's file, applied whole (the service manager
+        hears RELOADING, then READY)."""
+        reloading()
+        try:
+            async with self._reloading:
+                change = await self._check_shared(text)
+                applied = await self._apply(change)
+            assert self.cluster is not None
+            self.cluster.owners.set_nodes(_addresses(self.config))
+            return applied
+        finally:
+            self.ready()
+
+    def _set_peers(self, peers: tuple[str, ...]) -> None:
+        if peers != self.policy.peers:
+            log.info("instances serving this segment besides this one: %s", ", ".join(peers) or "-")
+        self.policy.peers = peers
 
     def ready(self) -> None:
         """Tell the service manager the server serves (and how many nodes)."""
@@ -93,17 +152,21 @@ class Server:
             except ReloadRefused as refused:
                 log.error("reload refused, the running configuration stays: %s", refused)
                 raise
-            config, added, removed, changed = change.config, *change.names()
-            retired = [self.config]  # its last reference, dropped in a worker thread: the
-            # configs of 25 000 changed nodes took 35 ms to free, on the loop in one step
-            self.nodes.apply_change(change)
-            self.catalog.sync(config)
-            if added or removed or changed:  # a console is a node's: else none changed
-                self.consoles.sync(_console_specs(config))
-            await self.lifecycle.applied(config, added, removed, changed)
-            await asyncio.to_thread(retired.clear)
-            if added or changed:  # else the file made nothing that lives on (compare)
-                _settle_heap()
+            return await self._apply(change)
+
+    async def _apply(self, change: FileChange) -> Applied:
+        """Apply a checked node file (the caller holds the reload lock)."""
+        config, added, removed, changed = change.config, *change.names()
+        retired = [self.config]  # its last reference, dropped in a worker thread: the
+        # configs of 25 000 changed nodes took 35 ms to free, on the loop in one step
+        self.nodes.apply_change(change)
+        self.catalog.sync(config)
+        if added or removed or changed:  # a console is a node's: else none changed
+            self.consoles.sync(_console_specs(config))
+        await self.lifecycle.applied(config, added, removed, changed)
+        await asyncio.to_thread(retired.clear)
+        if added or changed:  # else the file made nothing that lives on (compare)
+            _settle_heap()
         log.info(
             "reloaded %s: %d nodes, added %s, removed %s, changed %s", config.path,
             len(config.nodes), _names(added), _names(removed), _names(changed),
@@ -114,9 +177,14 @@ class Server:
         """The node file read, checked and compared with the running one: most of a
         reload's work (0.3 s for 25 000 nodes), done in a worker thread while the event
         loop serves on. Pure: what it refuses changes nothing."""
+        return self._compared(lambda: load(self.config.path))
+
+    def _compared(self, read: Callable[[], Config]) -> FileChange:
+        """A node file ``read`` and compared with the running one; ReloadRefused when it
+        is wrong or changes what only a restart applies."""
         try:
             with collector_paused():
-                config = self._with_overrides(load(self.config.path))
+                config = self._with_overrides(read())
         except ConfigError as error:
             raise ReloadRefused(error.render().splitlines()) from None
         for section in ("server", "api", "cluster"):
@@ -165,6 +233,8 @@ class Server:
                 proxy=server.dhcp == "proxy",
                 log_requests=server.log_requests,
             )
+        if self.cluster is not None:  # last: owning nodes is for an instance that serves
+            await self.cluster.start(_addresses(self.config))
 
     async def _serve_app(self, app: web.Application) -> web.AppRunner:
         runner = await listeners.runner(app)
@@ -206,7 +276,8 @@ class Server:
             log.info("made the first operator token, admin; its secret is in %s (0600)", made)
         app = build_api(self.policy, self.nodes, self.stats, self.reload, self.lifecycle,
                         self.catalog, tokens, self.consoles, origins=api.origins,
-                        log_requests=server.log_requests)  # fmt: skip
+                        log_requests=server.log_requests,
+                        cluster=self.cluster.owners.overview if self.cluster else None)  # fmt: skip
         runner = await self._serve_app(app)
         socket_path = api.socket_path(server.state_dir)
         await listeners.unix_site(runner, socket_path, api.socket_group)
@@ -229,6 +300,8 @@ class Server:
             tasks.create_task(_sum_up_held_back_logs())
             if self._neighbours is not None:
                 tasks.create_task(self._neighbours.watch())
+            if self.cluster is not None:
+                tasks.create_task(self.cluster.run())
 
     async def _measure_loop_lag(self) -> None:
         """How late the event loop wakes a timer, i.e. how long something else held it:
@@ -254,6 +327,8 @@ class Server:
         for runner in reversed(self._runners):
             await runner.cleanup()
         await self.lifecycle.close()
+        if self.cluster is not None:  # after the lifecycle: it acts on nothing any more
+            await self.cluster.close()
 
 
 class _Detach:
@@ -309,6 +384,11 @@ def _console_specs(config: Config) -> dict[str, PowerSpec]:
     }
 
 
+def _addresses(config: Config) -> dict[str, IPv4Address | None]:
+    """Each node's address: which instances of the cluster may own it (their segments)."""
+    return {name: node.ip for name, node in config.nodes.items()}
+
+
 def _names(names: set[str]) -> str:
     return ",".join(sorted(names)) or "-"
 
@@ -322,8 +402,17 @@ async def _sum_up_held_back_logs() -> None:
 
 async def serve(config: Config, *, state_dir: Path | None = None) -> None:
     """Run until SIGINT or SIGTERM; SIGHUP reloads the node file."""
-    with collector_paused():
-        server = Server(config, state_dir=state_dir)
+    cluster = None
+    if config.cluster is not None:
+        cluster = await ClusterInstance.join(config)  # the store's state is read from etcd
+        config = cluster.config
+    try:
+        with collector_paused():
+            server = Server(config, state_dir=state_dir, cluster=cluster)
+    except BaseException:
+        if cluster is not None:
+            await cluster.close()
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -20,7 +20,7 @@ import logging
 import ssl
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -34,6 +34,9 @@ from .wire import (
     TxnResult,
     WatchEvent,
 )
+
+if TYPE_CHECKING:
+    from layerpy.config.records import ClusterConfig
 
 __all__ = [
     "Compacted",
@@ -88,6 +91,12 @@ class Etcd:
         self._current = 0
         self._tokens: dict[str, str] = {}  # a simple token is known only to the member it came from
         self._session: aiohttp.ClientSession | None = None
+
+    @classmethod
+    def from_config(cls, cluster: ClusterConfig, timeout: float = 2.0) -> Etcd:
+        """The client an instance's ``[cluster]`` table describes."""
+        return cls(cluster.etcd, ca=cluster.ca, cert=cluster.cert, key=cluster.key,
+                   user=cluster.user, password=cluster.password, timeout=timeout)  # fmt: skip
 
     @property
     def endpoint(self) -> str:

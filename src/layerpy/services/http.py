@@ -202,7 +202,7 @@ async def agent_report(request: web.Request) -> web.Response:
         return web.json_response({"error": rejected.reason}, status=rejected.status)
     booter = request.app[BOOTER]
     power, heartbeat = request.app[POWER], booter.config.server.heartbeat
-    servers = booter.servers  # alone, it says nothing of servers: agents keep theirs
+    servers = booter.servers_of(ack.node)  # alone, it says nothing: agents keep theirs
     servers = servers if len(servers) > 1 else None
     if ack.node == DISCOVERY:
         answer = Answer(ack.node, heartbeat, identity=ack.identity, servers=servers)

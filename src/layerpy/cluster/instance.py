@@ -1,0 +1,169 @@
+"""This ``layerpy serve`` as one instance of a cluster: the cluster's pieces assembled in the
+order they depend on each other (docs/ha.md, "Running instances").
+
+Joining (before the server is built, since the node store loads from the backend): etcd
+opened, the shared node file started (published, or joined if this file's rest is the
+cluster's), the store's backend read. Starting (once the server serves): membership on a
+lease, then ownership. Closing undoes it in reverse: ownership, membership (its lease
+revoked, so the others take the nodes over at once), the backend, etcd.
+
+What the server gives back is wired with ``attach``: how a proposed file is checked and a
+committed one applied, where the fence's changes go, where the agents' server lists go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from ipaddress import IPv4Address
+
+from layerpy.cluster.backend import EtcdBackend
+from layerpy.cluster.etcd import Etcd, EtcdError, EtcdUnavailable
+from layerpy.cluster.file import Committed, FileRefused, SharedFile
+from layerpy.cluster.members import Membership, serving
+from layerpy.cluster.owners import Owners
+from layerpy.config import Config, ConfigError, parse_shared
+from layerpy.host import StartRefused
+
+log = logging.getLogger("layerpy.cluster")
+
+FLUSH_WITHIN = 5.0  # seconds a clean stop waits for the store's queued writes to reach etcd
+
+Applied = dict[str, list[str]]  # what a reload changed, as `layerpy reload` shows it
+
+
+class ClusterInstance:
+    """The etcd client, the shared file, the store's backend, membership and ownership of
+    one instance. ``config`` is the file in force (the cluster's, with this instance's own
+    settings), once joined."""
+
+    def __init__(self, config: Config, own_text: str) -> None:
+        cluster = config.cluster
+        if cluster is None:
+            raise ValueError("not a cluster's node file: it has no [cluster]")
+        self.config = config
+        self.name = cluster.name
+        self.address = config.server.address
+        self.etcd = Etcd.from_config(cluster)
+        self.shared: SharedFile[Applied] = SharedFile(
+            self.etcd, cluster.name, cluster.prefix, own_text,
+            check=lambda text: self.check(text), apply=self._apply,
+        )  # fmt: skip
+        self.backend = EtcdBackend(self.etcd, cluster.name, cluster.prefix)
+        self.members = Membership(self.etcd, prefix=cluster.prefix, name=cluster.name,
+                                  url=config.server.url, segment=cluster.segment,
+                                  ttl=cluster.lease_ttl)  # fmt: skip
+        self.owners = Owners(self.etcd, self.members, prefix=cluster.prefix,
+                             on_fence_change=lambda: self.fence_changed())  # fmt: skip
+        self.fence = self.owners.fence
+        on_members = self.members.on_members  # ownership's: decide again
+        self.members.on_members = lambda: (on_members(), self._members_changed())
+        # wired by the server (attach)
+        self.check: Callable[[str], Awaitable[object]] = _unattached
+        self.apply: Callable[[str], Awaitable[Applied]] = _unattached
+        self.fence_changed: Callable[[], None] = lambda: None
+        self.on_peers: Callable[[tuple[str, ...]], None] = lambda peers: None
+
+    @classmethod
+    async def join(cls, config: Config) -> ClusterInstance:
+        """Open etcd, take the cluster's node file (or publish this one) and read the
+        store's records. Raises StartRefused saying what to do."""
+        own_text = await asyncio.to_thread(config.path.read_text, encoding="utf-8")
+        instance = cls(config, own_text)
+        try:
+            await instance._join(own_text)
+        except BaseException:
+            await instance.etcd.close()
+            raise
+        return instance
+
+    async def _join(self, own_text: str) -> None:
+        members = ", ".join(self.etcd.endpoints)
+        try:
+            await self.etcd.open()
+            committed = await self.shared.start()
+            if committed.text != own_text:
+                self.config = await asyncio.to_thread(
+                    parse_shared, committed.text, own_text, self.config.path
+                )
+            await self.backend.open()
+        except EtcdUnavailable as error:
+            raise StartRefused(
+                f"no etcd member answered ({error}). Tried {members} ([cluster] etcd): start "
+                "etcd's members, or correct the list, then start again"
+            ) from None
+        except EtcdError as error:
+            raise StartRefused(
+                f"etcd at {members} refused: {error}. Check [cluster] user, password_file, "
+                "ca, cert and key"
+            ) from None
+        except FileRefused as refused:
+            raise StartRefused(str(refused)) from None
+        except ConfigError as error:
+            raise StartRefused(
+                f"the cluster's node file (revision {self.shared.revision}) cannot run here:\n"
+                + error.render()
+            ) from None
+
+    def attach(
+        self,
+        *,
+        check: Callable[[str], Awaitable[object]],
+        apply: Callable[[str], Awaitable[Applied]],
+        fence_changed: Callable[[], None],
+        on_peers: Callable[[tuple[str, ...]], None],
+    ) -> None:
+        """The server's side: ``check`` a proposed file (ReloadRefused if this instance could
+        not run it), ``apply`` a committed one, ``fence_changed`` the lifecycle's, and
+        ``on_peers`` the other live instances' URLs serving this one's segment."""
+        self.check, self.apply = check, apply
+        self.fence_changed, self.on_peers = fence_changed, on_peers
+
+    async def start(self, nodes: Mapping[str, IPv4Address | None]) -> None:
+        """Register (lease), then claim nodes. Raises StartRefused if the name is taken."""
+        try:
+            await self.members.start()
+        except RuntimeError as error:
+            raise StartRefused(f"{error}: give each instance its own [cluster] name") from None
+        except (EtcdUnavailable, EtcdError) as error:
+            raise StartRefused(f"registering in etcd: {error}") from None
+        self.owners.set_nodes(nodes)
+        await self.owners.start()
+
+    async def run(self) -> None:
+        """Follow the shared node file: verdicts on others' reloads, their commits applied."""
+        await self.shared.run()
+
+    async def propose(self, text: str) -> Applied:
+        """``layerpy reload`` here: checked by every live instance, then applied by all."""
+        return await self.shared.propose(text)
+
+    async def _apply(self, committed: Committed) -> Applied:
+        return await self.apply(committed.text)
+
+    def owner_url(self, node: str) -> str | None:
+        """The boot HTTP URL of the instance that owns ``node`` (None: none live owns it)."""
+        owner = self.owners.owners.get(node)
+        instance = self.members.live.get(owner) if owner is not None else None
+        return instance.url if instance is not None else None
+
+    def _members_changed(self) -> None:
+        others = serving(self.members.live.values(), self.address)
+        self.on_peers(tuple(i.url for i in others if i.name != self.name))
+
+    async def close(self) -> None:
+        """Leave: ownership stops, the lease is revoked (the others take the nodes over
+        without waiting for its TTL), the store's queued writes go out, etcd closes."""
+        await self.owners.stop()
+        await self.members.stop()
+        with contextlib.suppress(TimeoutError, EtcdUnavailable, EtcdError):
+            async with asyncio.timeout(FLUSH_WITHIN):
+                await self.backend.flush()
+        await self.backend.close()
+        await self.etcd.close()
+
+
+async def _unattached(text: str) -> Applied:
+    raise RuntimeError("the cluster instance is not attached to a server")

@@ -1,0 +1,234 @@
+"""Real ``layerpy serve`` processes as instances of one cluster: each in a namespace of its
+own, on the 3-member etcd of tests/etcd.py and on one boot segment (a bridge in a namespace
+of the test's), each with a node file of its own whose rest is the cluster's."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from etcd import EtcdCluster, Instance
+from netns import Netns
+from nodefile import BOOT_SECTIONS, write_boot_files
+
+LAYERPY = Path(sys.executable).parent / "layerpy"
+SEGMENT = "10.66.0"
+NODES = [f"cn{i:03}" for i in range(1, 7)]
+WAIT = 30.0  # seconds for anything a test waits for
+TAKEOVER = 10.0  # seconds a dead instance's nodes may stay unowned (issue 27)
+
+pytestmark = pytest.mark.netns
+
+REST = f"""\
+[network]
+subnet = "{SEGMENT}.0/24"
+gateway = "{SEGMENT}.1"
+
+{BOOT_SECTIONS}
+[groups.compute]
+nodes = "cn[001-006]"
+ip = "{SEGMENT}.[11-16]"
+mac = "52:54:00:66:00:11-52:54:00:66:00:16"
+"""
+
+
+class Head:
+    """One ``layerpy serve`` instance: its folder, node file, namespace and process."""
+
+    def __init__(self, tmp_path: Path, instance: Instance, index: int, endpoints: list[str],
+                 prefix: str, rest: str = REST) -> None:  # fmt: skip
+        self.name = f"head{index + 1}"
+        self.instance = instance
+        self.folder = tmp_path / self.name
+        self.folder.mkdir()
+        write_boot_files(self.folder)
+        self.address = f"{SEGMENT}.{index + 1}"
+        self.path = self.folder / "nodes.toml"
+        members = ", ".join(f'"{url}"' for url in endpoints)
+        self.own = (
+            f'[server]\ninterface = "boot0"\naddress = "{self.address}"\nstate_dir = "state"\n'
+            f'heartbeat = 2\ndhcp = "off"\n\n'
+            f'[cluster]\netcd = [{members}]\nname = "{self.name}"\nprefix = "{prefix}"\n\n'
+        )
+        self.path.write_text(self.own + rest)
+        self.log = self.folder / "serve.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def ns(self) -> Netns:
+        return self.instance.netns
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            command = [str(LAYERPY), "serve", "-c", str(self.path)]
+            self.proc = self.ns.popen(command, stdout=out, stderr=out)
+
+    def serving(self) -> bool:
+        assert self.proc is not None
+        assert self.proc.poll() is None, f"{self.name} exited:\n{self.log.read_text()}"
+        return self.call("/api/v1/nodes")[0] == 200
+
+    def call(self, path: str, *args: str) -> tuple[int, str]:
+        """A request to this instance's operator API (its Unix socket)."""
+        socket = self.folder / "state" / "api.sock"
+        command = ["curl", "-s", "-g", "--unix-socket", str(socket), "-w", "\n%{http_code}"]
+        result = subprocess.run([*command, *args, f"http://layerpy{path}"],
+                                capture_output=True, text=True, timeout=30)  # fmt: skip
+        body, _, code = result.stdout.rpartition("\n")
+        return int(code or 0), body
+
+    def json(self, path: str) -> Any:
+        code, body = self.call(path)
+        assert code == 200, f"{path} on {self.name}: {code} {body}"
+        return json.loads(body)
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """``layerpy ARGS -c this node file`` as an operator on this instance's host runs it."""
+        return subprocess.run([str(LAYERPY), *args, "-c", str(self.path)],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+
+    def owners(self) -> dict[str, str]:
+        """node → owner, as this instance's cluster view says."""
+        overview = self.json("/api/v1/cluster")
+        return {node: entry["name"] for entry in overview["instances"] for node in entry["nodes"]}
+
+    def stop(self, signum: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signum)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@contextlib.contextmanager
+def heads(etcd_cluster: EtcdCluster, tmp_path: Path, count: int) -> Iterator[list[Head]]:
+    """``count`` instances on one boot segment and a prefix of their own, not started."""
+    prefix = f"/t-{uuid.uuid4().hex[:8]}/layerpy/v1"
+    segment = Netns("lpes")
+    made: list[Head] = []
+    try:
+        segment.run("ip", "link", "add", "seg0", "type", "bridge")
+        segment.run("ip", "link", "set", "seg0", "up")
+        for index in range(count):
+            instance = etcd_cluster.add_instance()
+            head = Head(tmp_path, instance, index, etcd_cluster.endpoints, prefix)
+            instance.connect(segment.name, "seg0", "boot0", f"{head.address}/24")
+            made.append(head)
+        yield made
+    finally:
+        for head in made:
+            head.stop(signal.SIGKILL)
+        segment.close()
+
+
+def until(condition: Callable[[], object], what: str, timeout: float = WAIT, logs=()) -> float:
+    """Seconds until condition() is true; fails saying what was waited for."""
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout:
+            tails = "\n".join(f"--- {h.name}\n{h.log.read_text()[-3000:]}" for h in logs)
+            pytest.fail(f"not within {timeout:g} s: {what}\n{tails}")
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
+def started(*started_heads: Head) -> None:
+    for head in started_heads:
+        head.start()
+    for head in started_heads:
+        until(head.serving, f"{head.name} serving", logs=started_heads)
+
+
+def all_owned(head: Head, by: set[str]) -> bool:
+    owners = head.owners()
+    return set(owners) == set(NODES) and set(owners.values()) <= by
+
+
+def test_two_instances_share_one_file_and_a_third_that_differs_does_not_start(
+    etcd_cluster: EtcdCluster, tmp_path: Path
+) -> None:
+    with heads(etcd_cluster, tmp_path, 3) as (one, two, three):
+        started(one, two)
+        both = {one.name, two.name}
+        until(lambda: all_owned(one, both) and all_owned(two, both),
+              "every node owned, as both instances see it", logs=(one, two))  # fmt: skip
+        assert one.owners() == two.owners()
+        three.path.write_text(three.own + REST.replace('gateway = "10.66.0.1"',
+                                                       'gateway = "10.66.0.2"'))  # fmt: skip
+        three.start()
+        assert three.proc is not None
+        assert three.proc.wait(WAIT) != 0
+        said = three.log.read_text()
+        assert "network.gateway" in said, said
+        assert two.serving() and one.serving()
+
+
+def test_a_reload_on_one_instance_applies_on_both(
+    etcd_cluster: EtcdCluster, tmp_path: Path
+) -> None:
+    with heads(etcd_cluster, tmp_path, 2) as (one, two):
+        started(one, two)
+        edited = REST + f'\n[nodes.cn007]\nip = "{SEGMENT}.17"\nmac = "52:54:00:66:00:17"\n'
+        # the same rest on both hosts (the operator copies it), reloaded on one
+        one.path.write_text(one.own + edited)
+        result = one.cli("reload")
+        assert result.returncode == 0, result.stdout + result.stderr
+        for head in (one, two):
+            until(lambda head=head: "applied revision 2" in head.log.read_text()
+                  or "committed the node file as revision 2" in head.log.read_text(),
+                  f"{head.name} on revision 2", logs=(one, two))  # fmt: skip
+            assert "cn007" in {node["name"] for node in head.json("/api/v1/nodes")}
+        # a file the other refuses (a path only one host has) changes nothing anywhere
+        missing = edited.replace('kernel = "vmlinuz"', 'kernel = "vmlinuz-new"')
+        (one.folder / "vmlinuz-new").write_bytes(b"k" * 1000)
+        one.path.write_text(one.own + missing)
+        refused = one.cli("reload")
+        assert refused.returncode != 0
+        assert "head2 refused it" in refused.stdout + refused.stderr, refused
+        assert "revision 3" not in one.log.read_text() + two.log.read_text()
+
+
+def test_a_killed_instances_nodes_are_taken_over_within_ten_seconds(
+    etcd_cluster: EtcdCluster, tmp_path: Path
+) -> None:
+    with heads(etcd_cluster, tmp_path, 2) as (one, two):
+        started(one, two)
+        both = {one.name, two.name}
+        until(lambda: all_owned(two, both) and one.name in two.owners().values(),
+              "both instances owning nodes", logs=(one, two))  # fmt: skip
+        one.stop(signal.SIGKILL)
+        took = until(lambda: all_owned(two, {two.name}), "head2 owning every node",
+                     timeout=TAKEOVER, logs=(two,))  # fmt: skip
+        print(f"take-over after kill -9: {took:.1f} s")
+        shown = two.json("/api/v1/cluster")
+        assert [i["name"] for i in shown["instances"] if i["alive"]] == [two.name]
+        text = two.cli("cluster").stdout
+        assert "gone" in text, text
+
+
+def test_a_clean_stop_hands_the_nodes_over_at_once(
+    etcd_cluster: EtcdCluster, tmp_path: Path
+) -> None:
+    with heads(etcd_cluster, tmp_path, 2) as (one, two):
+        started(one, two)
+        both = {one.name, two.name}
+        until(lambda: all_owned(two, both) and one.name in two.owners().values(),
+              "both instances owning nodes", logs=(one, two))  # fmt: skip
+        stopping = time.monotonic()
+        one.stop()
+        until(lambda: all_owned(two, {two.name}), "head2 owning every node", timeout=4.0,
+              logs=(one, two))  # fmt: skip
+        print(f"hand-over after a clean stop: {time.monotonic() - stopping:.1f} s")
+        assert "could not revoke" not in one.log.read_text()
