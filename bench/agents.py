@@ -15,7 +15,8 @@ Prints one JSON line per second on stdout: {"t", "booted", "sent", "ok", "failed
 stdin makes a fraction F of the nodes boot again (a new boot script, a hello with a new boot
 id), as after a power cycle: that is a change the servers must record, unlike heartbeats.
 
-Run by bench/ha_steady.py (`--servers A,B` gives node i to server i % 2).
+Run by bench/ha_steady.py (`--servers A,B`: node i boots from server i % 2, then reports
+where the servers tell it to: its owner, in a cluster).
 """
 
 from __future__ import annotations
@@ -83,13 +84,18 @@ class Agents:
         self.seq = 0
         self.counts = {"booted": 0, "sent": 0, "ok": 0, "failed": 0, "late": 0}
         self.latencies: list[float] = []
+        self.route = [self.servers[i % len(self.servers)] for i in range(len(self.nodes))]
         self.pools = {s: asyncio.Queue() for s in self.servers}
         for server in self.servers:
             for _ in range(args.connections):
                 self.pools[server].put_nowait(Connection(server, args.port))
 
-    def server_of(self, index: int) -> str:
-        return self.servers[index % len(self.servers)]
+    def follow(self, index: int, said: bytes) -> None:
+        """Report where the server says, as an agent does: the first of `layerpy.server=`
+        (a boot script) or of an answer's "servers" (its owner, in a cluster)."""
+        found = re.search(rb'(?:layerpy\.server=|"servers": *\[")http://([0-9.]+)', said)
+        if found and found.group(1).decode() in self.pools:
+            self.route[index] = found.group(1).decode()
 
     def body(self, index: int, event: str) -> bytes:
         name, mac, ip = self.nodes[index]
@@ -102,16 +108,18 @@ class Agents:
     async def boot(self, index: int) -> None:
         """The boot script from the node's address, then the hello on that connection."""
         name, _, ip = self.nodes[index]
-        connection = Connection(self.server_of(index), self.args.port, ip)
+        connection = Connection(self.servers[index % len(self.servers)], self.args.port, ip)
         try:
             status, script = await connection.request("GET", f"/boot/{name}.ipxe")
             if status != 200:
                 raise ConnectionError(f"{name}: boot script HTTP {status}: {script[:200]!r}")
+            self.follow(index, script)
             self.tokens[name] = re.search(rb"layerpy\.token=(\S+)", script).group(1).decode()
             self.boot_ids[name] = f"{random.getrandbits(64):016x}"
             status, answer = await connection.request("POST", REPORT, self.body(index, "hello"))
             if status != 200:
                 raise ConnectionError(f"{name}: hello HTTP {status}: {answer[:200]!r}")
+            self.follow(index, answer)
         finally:
             connection.close()
 
@@ -126,12 +134,13 @@ class Agents:
         await asyncio.gather(*(one(i) for i in indexes))
 
     async def beat(self, index: int) -> None:
-        pool = self.pools[self.server_of(index)]
+        pool = self.pools[self.route[index]]
         connection = await pool.get()
         began = time.perf_counter()
         try:
-            status, _ = await connection.request("POST", REPORT, self.body(index, "heartbeat"))
+            status, answer = await connection.request("POST", REPORT, self.body(index, "heartbeat"))
             self.counts["ok" if status == 200 else "failed"] += 1
+            self.follow(index, answer)
         except ConnectionError:
             self.counts["failed"] += 1
         finally:

@@ -164,12 +164,16 @@ class Client:
                 command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log
             )
         self.lines: list[dict[str, Any]] = []
+        self.said = listing.parent / "agents.jsonl"
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            self.lines.append(json.loads(raw))
+        with self.said.open("wb") as copy:  # kept with --keep
+            for raw in self.proc.stdout:
+                copy.write(raw)
+                copy.flush()
+                self.lines.append(json.loads(raw))
 
     def last(self) -> dict[str, Any]:
         counts = [line for line in self.lines if "sent" in line]
