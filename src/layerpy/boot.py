@@ -12,17 +12,18 @@ there and only there. HTTP asks for scripts and, with TFTP, says what was fetche
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from ipaddress import IPv4Address
 from typing import Any, Protocol
 
 from layerpy.config import Config
-from layerpy.journal import Journal
 from layerpy.logs import Throttle
 from layerpy.model import Node, Phase
 from layerpy.nodes import DISCOVERY, Ack, NodeStore
+from layerpy.nodes.backend import CLIENTS, LEASES, Record
 from layerpy.proto.agent import Cmdline
 from layerpy.proto.dhcp import ANY, DISCOVER, OPT_VENDOR_CLASS, DhcpPacket, Offer
 from layerpy.proto.dhcp_server import Action, Effect, Grant
@@ -52,8 +53,7 @@ ARCHITECTURES = {
     19: Firmware("uefi-arm64-http", "arm64", http=True),
 }
 FIRMWARE = {firmware.name: firmware for firmware in ARCHITECTURES.values()}
-LEASES = "leases.jsonl"  # the discovery pool's journal, in the state directory
-KEPT = (BOUND, DECLINED, FREE)  # lease states journalled: an offer is no promise
+KEPT = (BOUND, DECLINED, FREE)  # lease states kept: an offer is no promise
 DISCOVERY_LEASE = 300  # seconds: a discovery address is only held until the node is known
 PER_PORT = 4  # discovery addresses the machines behind one relay port may hold at once
 
@@ -154,14 +154,25 @@ class BootPolicy:
     """The :class:`Booter` of ``layerpy serve``: the node file, the node store and the
     discovery pool decide what each machine boots."""
 
-    def __init__(self, nodes: NodeStore) -> None:
+    def __init__(self, nodes: NodeStore, pool_gate: Callable[[], bool] | None = None) -> None:
+        """``pool_gate``: whether this instance answers unknown machines from the discovery
+        pool now (a cluster: only the segment's pool holder does; None: always)."""
         self.nodes = nodes
-        self._journal = Journal(nodes.config.server.state_dir / LEASES, key="address")
+        self.backend = nodes.backend
+        self.pool_gate = pool_gate
+        self._shared = self.backend.instance is not None  # a cluster's pool, in etcd
+        # a cluster: the lease and client records this instance's decisions assume, and
+        # the writes apply() made that keeping() is to send, in one transaction
+        self._view: dict[tuple[str, str], Record | None] = {}
+        self._staged: dict[tuple[str, str], tuple[Record, Record | None]] = {}
+        self._sending = asyncio.Lock()
         self._leases: LeaseTable | None = None
         self._leases = self._pool_table()
         self._ports = PortShares()  # pool holders behind relay ports
         self.peers: tuple[str, ...] = ()  # the other instances' URLs on this segment
         self.owner_url: Callable[[str], str | None] = lambda node: None  # its owner's URL
+        if self._shared:
+            self.backend.on_change(self._leased_elsewhere)
 
     @property
     def config(self) -> Config:
@@ -208,29 +219,100 @@ class BootPolicy:
         old = self._leases
         if old is not None and old.range == network.pool:
             return old
-        records = old.records() if old is not None else self._journal.replay()
+        if old is not None:
+            records = old.records()
+        else:
+            records = [{"address": a, **r} for a, r in self.backend.load(LEASES).items()]
         try:
             table = LeaseTable.from_records(*network.pool, records, clock=self.nodes.clock)
         except ValueError as error:
-            log.error("%s: %s; the discovery pool starts empty", self._journal.path, error)
+            log.error("discovery pool leases: %s; the pool starts empty", error)
             table = LeaseTable(*network.pool, clock=self.nodes.clock)
         if old is None and len(table):
-            log.info("restored %d discovery pool leases from %s", len(table), self._journal.path)
-        elif old is not None:  # a reload changed the pool: the journal holds what is left
-            self._journal.rewrite(table.records())
+            log.info("restored %d discovery pool leases", len(table))
+        elif old is not None and not self._shared:  # a reload changed the pool
+            for record in records:  # what is outside it is kept no longer
+                if IPv4Address(record["address"]) not in table:
+                    self.backend.delete(LEASES, record["address"])
         return table
 
     def _persist(self) -> None:
-        """Journal what the pool table wrote (raises OSError: then nothing may be answered
-        as if it were kept); rewrite the journal when it is mostly dead lines. An offer is
-        no promise (the REQUEST may still be NAKed), so it is not written: half the writes,
-        and a restart forgets only offers, as Kea does."""
+        """Keep what the pool table wrote, through the store's backend. One server: at
+        once (raises OSError: then nothing may be answered as if it were kept). A cluster:
+        staged for keeping(), and only by the pool's holder. An offer is no promise (the
+        REQUEST may still be NAKed), so it is not kept: half the writes, and a restart
+        forgets only offers, as Kea does."""
         table = self._leases
         if table is None:
             return
-        self._journal.append(lease.record() for lease in table.changes(KEPT))
-        if self._journal.crowded(len(table)):
-            self._journal.rewrite(table.records())
+        changes = table.changes(KEPT)
+        if not self._shared:
+            for lease in changes:
+                self.backend.put(LEASES, str(lease.address), _record(lease))
+            return
+        if not self._holds_pool():
+            return  # the holder keeps the pool; this one only follows it
+        for lease in changes:
+            address = str(lease.address)
+            self._stage(LEASES, address, _record(lease))
+            if lease.state == BOUND and lease.client:  # one address a client, at most
+                self._stage(CLIENTS, lease.client, {"address": address})
+
+    def _holds_pool(self) -> bool:
+        return self.pool_gate is None or self.pool_gate()
+
+    # -- a cluster's shared pool ----------------------------------------------------------
+
+    def _stage(self, kind: str, key: str, record: Record) -> None:
+        """A write for the next keeping(), against the record this decision assumed."""
+        where = (kind, key)
+        expected = self._view[where] if where in self._view else self.backend.get(kind, key)
+        if where in self._staged:
+            expected = self._staged[where][1]  # still the one etcd is to hold before
+        self._staged[where] = (record, expected)
+        self._view[where] = record
+
+    def keeping(self) -> Awaitable[bool] | None:
+        """After apply(): the transaction that keeps what it wrote, to be awaited before
+        the reply goes out (True: send it; False: another instance got there first, send
+        nothing, the client asks again). None: kept already (one server, or nothing new)."""
+        if not self._staged:
+            return None
+        staged, self._staged = self._staged, {}
+        return self._keep(staged)
+
+    async def _keep(self, staged: dict[tuple[str, str], tuple[Record, Record | None]]) -> bool:
+        writes = [(kind, key, record, expected) for (kind, key), (record, expected)
+                  in staged.items()]  # fmt: skip
+        async with self._sending:  # in the order decided
+            try:
+                if await self.backend.replace_all(writes):
+                    return True
+            except Exception as error:  # etcd away: promise nothing
+                quiet.log("pool", logging.WARNING, "discovery pool leases not kept: %s", error)
+            for kind, key in staged:  # back to what etcd holds
+                self._view.pop((kind, key), None)
+                if kind == LEASES:
+                    self._adopt(key, self.backend.get(kind, key))
+            return False
+
+    def _leased_elsewhere(self, kind: str, key: str, record: Record | None) -> None:
+        """Another instance kept a lease (the backend's ``on_change``): this table follows,
+        so a new pool holder continues from the pool as it is."""
+        if kind in (LEASES, CLIENTS):
+            self._view[kind, key] = record
+        if kind == LEASES:
+            self._adopt(key, record)
+
+    def _adopt(self, address: str, record: Record | None) -> None:
+        table = self._leases
+        if table is None:
+            return
+        kept = record or {"client": "", "state": FREE, "expires": 0}
+        try:
+            table.adopt({**kept, "address": address})
+        except ValueError as error:
+            quiet.log("pool", logging.WARNING, "discovery pool: ignored %s", error)
 
     def verdict(self, request: DhcpPacket, sender: str) -> Verdict:
         """What this request, which came from the address `sender`, deserves; nothing is
@@ -373,6 +455,8 @@ class BootPolicy:
         table = self._leases
         if table is None:
             return None, "unknown machine, network.discover is off"
+        if not self._holds_pool():
+            return None, "unknown machine, another instance holds the discovery pool"
         mac = request.mac
         if port is not None and table.lease_of(mac) is None:
             held = self._ports.others(port, mac)
@@ -507,3 +591,8 @@ class BootPolicy:
     def holds_token(self, name: str, token: str) -> bool:
         """Whether `token` is node `name`'s boot token (its own files and images)."""
         return self.nodes.holds_token(name, token)
+
+
+def _record(lease: Lease) -> Record:
+    """A lease as the backend keeps it (its address is the key)."""
+    return {"client": lease.client, "state": lease.state, "expires": lease.expires}

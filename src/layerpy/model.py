@@ -105,6 +105,7 @@ class Node:
     console_problem: str | None = None  # a panic, oops... seen on its console in this boot
     console_seen: frozenset[str] = frozenset()  # the kinds of problem seen in this boot
     last_report: float | None = None
+    heard_by: str | None = None  # the instance of a cluster its agent reports to
     boot: Boot | None = None
     boots: int = 0
     agent: dict[str, Any] = field(default_factory=dict)  # uptime, seq, version, timeline

@@ -10,7 +10,7 @@ from ipaddress import IPv4Address
 import pytest
 
 from layerpy import logs
-from layerpy.boot import DISCOVERY_LEASE, LEASES, PER_PORT, BootPolicy, firmware_of
+from layerpy.boot import DISCOVERY_LEASE, PER_PORT, BootPolicy, firmware_of
 from layerpy.config import load
 from layerpy.logs import BURST
 from layerpy.model import RunState
@@ -450,7 +450,7 @@ def test_the_journal_is_rewritten_when_mostly_dead_and_skips_a_torn_line(
 ) -> None:
     config = with_discovery(make_config)
     service = make_service(config, clock)
-    journal = config.server.state_dir / LEASES
+    journal = config.server.state_dir / "leases.jsonl"  # the format of earlier releases
     mac = "52:54:00:cc:00:09"
     for _ in range(600):  # one client renewing: the journal grows, then is rewritten
         lease(service, mac)

@@ -22,19 +22,21 @@ import itertools
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .etcd import Compacted, Compare, Etcd, EtcdError, EtcdUnavailable, KeyValue, Op
 
 log = logging.getLogger("layerpy.cluster.backend")
 
-KINDS = ("tokens", "bindings", "leases", "overrides", "observed")  # nodes/backend.py's kinds
+# nodes/backend.py's kinds
+KINDS = ("tokens", "bindings", "leases", "overrides", "observed", "assigned", "clients")
 BATCH = 64  # writes per transaction (etcd's --max-txn-ops defaults to 128)
 MAX_QUEUED = 1 << 20  # distinct keys waiting for etcd (one write per key: see the docstring)
 
 Record = dict[str, Any]
 Callback = Callable[[str, str, Record | None], None]
+Write = tuple[str, str, Record, Record | None]  # kind, key, record, the record it replaces
 _GONE = object()
 
 
@@ -81,6 +83,9 @@ class EtcdBackend:
     def load(self, kind: str) -> dict[str, Record]:
         return dict(self._mirror[kind])
 
+    def get(self, kind: str, key: str) -> Record | None:
+        return self._mirror[kind].get(key)
+
     def put(self, kind: str, key: str, record: Record) -> None:
         self._enqueue(kind, key, self._encode(record))  # encoded now: the caller may change it
         self._mirror[kind][key] = record
@@ -90,20 +95,27 @@ class EtcdBackend:
         self._mirror[kind].pop(key, None)
 
     async def create(self, kind: str, key: str, record: Record) -> bool:
-        return await self._swap(kind, key, record, Compare.version(self._key(kind, key), "==", 0))
+        compare = Compare.version(self._key(kind, key), "==", 0)
+        return await self._swap([(kind, key, record)], [compare])
 
     async def replace(self, kind: str, key: str, record: Record, expected: Record | None) -> bool:
-        if (kind, key) in self._queue:
-            await self.flush()  # its revision is known once written
-        if self._mirror[kind].get(key) != expected:
-            return False
-        name = self._key(kind, key)
-        if expected is None:
-            compare = Compare.version(name, "==", 0)
-        else:
-            # unknown (a write etcd refused): 0 fails, and the failure's read teaches us
-            compare = Compare.mod_revision(name, "==", self._seen.get((kind, key), (0, 0))[1])
-        return await self._swap(kind, key, record, compare)
+        return await self.replace_all([(kind, key, record, expected)])
+
+    async def replace_all(self, writes: Sequence[Write]) -> bool:
+        if any((kind, key) in self._queue for kind, key, _, _ in writes):
+            await self.flush()  # their revisions are known once written
+        compares = []
+        for kind, key, _, expected in writes:
+            if self._mirror[kind].get(key) != expected:
+                return False
+            name = self._key(kind, key)
+            if expected is None:
+                compares.append(Compare.version(name, "==", 0))
+            else:
+                # unknown (a write etcd refused): 0 fails, and the failure's read teaches us
+                revision = self._seen.get((kind, key), (0, 0))[1]
+                compares.append(Compare.mod_revision(name, "==", revision))
+        return await self._swap([(kind, key, record) for kind, key, record, _ in writes], compares)
 
     async def flush(self) -> None:
         await self._drained.wait()
@@ -113,18 +125,27 @@ class EtcdBackend:
 
     # --- transactions ---------------------------------------------------------------
 
-    async def _swap(self, kind: str, key: str, record: Record, compare: Compare) -> bool:
-        name, value = self._key(kind, key), self._encode(record)
-        result = await self._etcd.txn([compare], [Op.put(name, value)], [Op.get(name)])
+    async def _swap(
+        self, writes: Sequence[tuple[str, str, Record]], compares: Sequence[Compare]
+    ) -> bool:
+        """One transaction: every record written if every compare holds."""
+        names = [self._key(kind, key) for kind, key, _ in writes]
+        values = [self._encode(record) for _, _, record in writes]
+        puts = [Op.put(name, value) for name, value in zip(names, values, strict=True)]
+        result = await self._etcd.txn(compares, puts, [Op.get(name) for name in names])
         if result.succeeded:
-            self._settle(kind, key, record, result.revision, result.revision)
+            for kind, key, record in writes:
+                self._settle(kind, key, record, result.revision, result.revision)
             return True
-        current = result.responses[0][0] if result.responses[0] else None
-        if current is not None and current.value == value:
+        currents = [kvs[0] if kvs else None for kvs in result.responses]
+        if all(kv is not None and kv.value == v for kv, v in zip(currents, values, strict=True)):
             # our own write: applied once already, its answer lost and the retry refused
-            self._settle(kind, key, record, result.revision, current.mod_revision)
+            for (kind, key, record), kv in zip(writes, currents, strict=True):
+                assert kv is not None
+                self._settle(kind, key, record, result.revision, kv.mod_revision)
             return True
-        self._learn(kind, key, current, result.revision)
+        for (kind, key, _), kv in zip(writes, currents, strict=True):
+            self._learn(kind, key, kv, result.revision)
         return False
 
     def _settle(self, kind: str, key: str, record: Record, at: int, mod: int) -> None:

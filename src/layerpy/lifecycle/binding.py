@@ -19,13 +19,13 @@ from layerpy.catalog import Catalog
 from layerpy.config import Config
 from layerpy.engine import Engine, Graph, NoPath
 from layerpy.files import Deliveries, RenderError
-from layerpy.journal import Journal
 from layerpy.lifecycle.actions import ACTIONS
 from layerpy.lifecycle.fence import Fence, Fenced
 from layerpy.lifecycle.table import BOOT_TIMEOUT, VARIABLES, desired, mutations
 from layerpy.logs import Throttle
 from layerpy.model import ImageState, Node, PowerState, RunState
 from layerpy.nodes import GAP, NodeStore
+from layerpy.nodes.backend import ASSIGNED, Record
 from layerpy.nodes.store import VARIABLE_FIELDS
 from layerpy.power import PowerDriver, PowerError, close_all, make_driver
 from layerpy.power.poller import Poller
@@ -42,7 +42,6 @@ files_log = Throttle(logging.getLogger("layerpy.files"))  # may fail at every re
 # node fields the engine's variables are read from (the image digest tells "stale")
 ENGINE_FIELDS = frozenset({*VARIABLE_FIELDS.values(), "image_digest"})
 CLOSE_TIMEOUT = 3.0  # seconds for all power drivers to log out at shutdown
-ASSIGNED = "assigned.jsonl"  # a Journal in the state directory: what each agent runs
 
 
 class Lifecycle:
@@ -64,8 +63,10 @@ class Lifecycle:
         # node -> (image name, digest) its agent is told to run, until the engine assigns
         # another: a node whose wanted image fails to pull stays on this one. Kept across
         # restarts: a restarted server that told a running node "no image" would stop it.
-        self._assignments = Journal(store.config.server.state_dir / ASSIGNED, key="node")
+        # Through the store's backend: in a cluster, what the owner's engine assigned is
+        # what any instance's answers to that node's agent carry.
         self.assigned = self._load_assigned()
+        store.backend.on_change(self._assigned_elsewhere)
         self.deliveries = Deliveries()
         server = store.config.server  # its keys are fixed until a restart
         # a node a restarted server has not heard from yet reports within a heartbeat
@@ -136,7 +137,8 @@ class Lifecycle:
                     if self.image_of(name) == change.fields.get("image"):
                         self._observe(name)
             elif change.kind == "observed" and ENGINE_FIELDS & change.fields.keys():
-                if change.fields.get("run_state") == RunState.UNKNOWN:
+                forgotten = change.fields.get("run_state") == RunState.UNKNOWN
+                if forgotten and self.held(change.node) is None:  # the acting instance's
                     self.assign(change.node, None)  # a new boot is told afresh
                 self._observe(change.node)
 
@@ -174,27 +176,38 @@ class Lifecycle:
 
     def assign(self, name: str, image: tuple[str, str] | None) -> None:
         """Tell the node's agent to run (image name, digest) from its next answer on (None:
-        nothing yet, as for a new boot); journalled before the answer can say it."""
-        if self.assigned.get(name) == image:
+        nothing yet, as for a new boot); kept through the backend before the answer can
+        say it."""
+        if not self._assign(name, image):
             return
+        wanted, digest = image or (None, None)
+        try:
+            self.store.backend.put(ASSIGNED, name, {"image": wanted, "digest": digest})
+        except OSError as error:
+            images_log.error("cannot save the image assigned to %s: %s", name, error.strerror)
+
+    def _assign(self, name: str, image: tuple[str, str] | None) -> bool:
+        """Whether that is news."""
+        if self.assigned.get(name) == image:
+            return False
         if image is None:
             del self.assigned[name]
         else:
             self.assigned[name] = image
-        try:
-            self._assignments.append([_assignment(name, image)])
-            if self._assignments.crowded(len(self.assigned)):
-                self._assignments.rewrite([_assignment(n, i) for n, i in self.assigned.items()])
-        except OSError as error:
-            images_log.error("cannot save %s: %s", self._assignments.path, error.strerror)
+        return True
 
     def _load_assigned(self) -> dict[str, tuple[str, str]]:
         found: dict[str, tuple[str, str]] = {}
-        for record in self._assignments.replay():
-            name, image, digest = record.get("node"), record.get("image"), record.get("digest")
-            if name in self.store.nodes and isinstance(image, str) and isinstance(digest, str):
-                found[name] = (image, digest)
+        for name, record in self.store.backend.load(ASSIGNED).items():
+            image = _assignment(record)
+            if name in self.store.nodes and image is not None:
+                found[name] = image
         return found
+
+    def _assigned_elsewhere(self, kind: str, name: str, record: Record | None) -> None:
+        """Another instance's engine assigned an image (the backend's ``on_change``)."""
+        if kind == ASSIGNED and name in self.store.nodes:
+            self._assign(name, None if record is None else _assignment(record))
 
     # -- desired state -----------------------------------------------------------------
 
@@ -344,7 +357,7 @@ class Lifecycle:
         return {"name": name, **self.status(name), **self.engine.explain(name)}
 
 
-def _assignment(node: str, image: tuple[str, str] | None) -> dict[str, str | None]:
-    """One line of the assignments' journal (no image: the node was told none)."""
-    name, digest = image or (None, None)
-    return {"node": node, "image": name, "digest": digest}
+def _assignment(record: Record) -> tuple[str, str] | None:
+    """(image, digest) of an ASSIGNED record; None: the node was told none."""
+    image, digest = record.get("image"), record.get("digest")
+    return (image, digest) if isinstance(image, str) and isinstance(digest, str) else None

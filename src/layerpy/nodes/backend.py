@@ -8,7 +8,7 @@ working); the etcd backend (``layerpy.cluster.backend``) keeps the same records 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,14 +23,23 @@ BINDINGS = "bindings"  # key: node name; {"mac"}
 LEASES = "leases"  # key: IPv4 address; the discovery pool's lease record (boot.py)
 OVERRIDES = "overrides"  # key: node name; operators' overrides of desired state
 OBSERVED = "observed"  # key: node name; published observed fields (kept by etcd only)
+ASSIGNED = "assigned"  # key: node name; {"image", "digest"} its agent is told to run (lifecycle)
+CLIENTS = "clients"  # key: MAC; {"address"} of its pool lease (etcd only: one address a MAC)
 
 Record = dict[str, Any]
 Changed = Callable[[str, str, Record | None], None]
+Write = tuple[str, str, Record, Record | None]  # kind, key, record, the record it replaces
 
 
 class Backend(Protocol):
+    instance: str | None  # this instance's name in a cluster; None: a single server
+
     def load(self, kind: str) -> dict[str, Record]:
         """Every record of a kind, at start (synchronous)."""
+        ...
+
+    def get(self, kind: str, key: str) -> Record | None:
+        """The record of a key as this instance knows it now."""
         ...
 
     def put(self, kind: str, key: str, record: Record) -> None:
@@ -47,6 +56,10 @@ class Backend(Protocol):
         """Compare-and-swap against the record last seen (None: absent)."""
         ...
 
+    async def replace_all(self, writes: Sequence[Write]) -> bool:
+        """``replace`` of several keys in one transaction: all of them, or none."""
+        ...
+
     async def flush(self) -> None:
         """Every put so far is durable."""
         ...
@@ -60,7 +73,8 @@ class Backend(Protocol):
 
 # kind -> (journal file, the field of a line that holds the key)
 JOURNALS = {TOKENS: ("boots.jsonl", "node"), LEASES: ("leases.jsonl", "address"),
-            OVERRIDES: ("overrides.jsonl", "node")}  # fmt: skip
+            OVERRIDES: ("overrides.jsonl", "node"),
+            ASSIGNED: ("assigned.jsonl", "node")}  # fmt: skip
 BINDINGS_FILE = "bindings.json"  # {node: mac}, rewritten whole (a binding changes rarely)
 OLD_TOKENS = "boots.json"  # releases before the journal: the whole table; read once
 
@@ -69,6 +83,8 @@ class LocalJournal:
     """The state directory of one server: a Journal per kind (one line per put, the key as
     a field of the line), bindings as one small JSON file. ``load`` returns a record
     without its key field; ``put`` adds it."""
+
+    instance = None  # one server: nobody else writes its records
 
     def __init__(self, state_dir: Path) -> None:
         self.files = StateFiles(state_dir)
@@ -93,9 +109,15 @@ class LocalJournal:
         self._live[kind] = live
         return {key: dict(record) for key, record in live.items()}
 
+    def get(self, kind: str, key: str) -> Record | None:
+        return self._live.get(kind, {}).get(key)
+
     def put(self, kind: str, key: str, record: Record) -> None:
         """Raises OSError when a journal cannot be written (the answer that depends on the
-        record must then not be sent as if it were kept)."""
+        record must then not be sent as if it were kept). A kind it keeps no file of
+        (OBSERVED) is not even held in memory."""
+        if kind != BINDINGS and kind not in self._journals:
+            return
         live = self._live.setdefault(kind, {})
         live[key] = dict(record)
         if kind == BINDINGS:
@@ -122,9 +144,13 @@ class LocalJournal:
         return True
 
     async def replace(self, kind: str, key: str, record: Record, expected: Record | None) -> bool:
-        if self._live.setdefault(kind, {}).get(key) != expected:
+        return await self.replace_all([(kind, key, record, expected)])
+
+    async def replace_all(self, writes: Sequence[Write]) -> bool:
+        if any(self.get(kind, key) != expected for kind, key, _, expected in writes):
             return False
-        self.put(kind, key, record)
+        for kind, key, record, _ in writes:
+            self.put(kind, key, record)
         return True
 
     async def flush(self) -> None:

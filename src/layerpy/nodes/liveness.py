@@ -29,8 +29,12 @@ class Liveness:
         self._reporting.pop(name, None)
         self._reporting[name] = at
 
-    def overdue(self, nodes: Mapping[str, Node], now: float, limit: float) -> list[Effect]:
-        """The alive nodes not heard from for ``limit`` seconds, made lost."""
+    def overdue(
+        self, nodes: Mapping[str, Node], now: float, limit: float, instance: str | None = None
+    ) -> list[Effect]:
+        """The alive nodes not heard from for ``limit`` seconds, made lost: only those that
+        report to this ``instance`` (in a cluster, a node whose agent moved to another
+        instance is that one's to judge; a single server's nodes all report to it)."""
         effects: list[Effect] = []
         while self._reporting:
             name, last = next(iter(self._reporting.items()))
@@ -38,7 +42,9 @@ class Liveness:
                 break
             del self._reporting[name]
             node = nodes.get(name)
-            if node is not None and node.run_state in ALIVE and node.last_report == last:
+            if node is None or node.heard_by != instance:
+                continue
+            if node.run_state in ALIVE and node.last_report == last:
                 why = f"no report for {now - last:.0f} s"
                 effects.append(Observe(name, {"run_state": RunState.LOST}, why))
         return effects

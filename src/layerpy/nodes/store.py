@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from ipaddress import IPv4Address
 from typing import Any
@@ -22,8 +23,8 @@ from typing import Any
 from layerpy.config import Config, NodeConfig
 from layerpy.logs import Throttle
 from layerpy.model import Boot, Busy, ImageState, Node, Phase, PowerState, RunState
-from layerpy.nodes import identity, liveness, reports, tokens
-from layerpy.nodes.backend import BINDINGS, TOKENS, Backend, LocalJournal
+from layerpy.nodes import identity, liveness, observed, reports, tokens
+from layerpy.nodes.backend import BINDINGS, OBSERVED, TOKENS, Backend, LocalJournal, Record
 from layerpy.nodes.discovery import DISCOVERY, Discovery
 from layerpy.nodes.effects import (
     Bind,
@@ -110,6 +111,10 @@ class NodeStore:
         self.feed = feed or ChangeFeed(clock)
         self.files = StateFiles(config.server.state_dir)
         self.backend = backend or LocalJournal(config.server.state_dir)
+        self.instance = self.backend.instance  # None: a single server
+        self._following = False  # applying another instance's record: nothing written back
+        self._dirty: set[str] = set()  # nodes whose observed record is to be written
+        self._sent: dict[str, Record] = {}  # the observed record last written, per node
         self.nodes = {name: Node(cfg) for name, cfg in config.nodes.items()}
         bound = self.backend.load(BINDINGS).items()
         self.identities = Identities(
@@ -119,6 +124,11 @@ class NodeStore:
         self.unknown = Discovery()
         self.liveness = liveness.Liveness()
         self.apply(tokens.resume(self.backend.load(TOKENS), self.nodes))
+        if self.instance is not None:
+            with self._remote():
+                for name, record in self.backend.load(OBSERVED).items():
+                    self._followed(OBSERVED, name, record)
+            self.backend.on_change(self.changed_elsewhere)
 
     # -- the node file -------------------------------------------------------------------
 
@@ -169,7 +179,62 @@ class NodeStore:
                 self._event(effect)
             else:
                 self._node_effect(self.nodes[effect.node], effect)
+        self._write_observed()
         return None
+
+    # -- the other instances of a cluster ------------------------------------------------
+
+    def changed_elsewhere(self, kind: str, key: str, record: Record | None) -> None:
+        """A record another instance wrote (the backend's ``on_change``): applied like any
+        change and published on the feed, so every instance shows every node; nothing is
+        written back (no echo). A deleted record tells nothing the puts around it do not."""
+        if record is None or key not in self.nodes:
+            return
+        with self._remote():
+            self._followed(kind, key, record)
+
+    @contextmanager
+    def _remote(self) -> Iterator[None]:
+        self._following = True
+        try:
+            yield
+        finally:
+            self._following = False
+
+    def _followed(self, kind: str, name: str, record: Record) -> None:
+        node = self.nodes.get(name)
+        if node is None:
+            return
+        if kind == OBSERVED:
+            self.apply(observed.follow(node, record, self.instance))
+        elif kind == TOKENS:
+            self.apply(tokens.follow(node, record))
+        elif (
+            kind == BINDINGS
+            and isinstance(mac := record.get("mac"), str)
+            and self.identities.mac_of(node) != mac
+        ):
+            self.apply([Bind(name, mac, node.binding or {"mac": mac})])
+
+    def _write_observed(self) -> None:
+        """One record per node whose published fields changed (a cluster's backend only:
+        a single server rebuilds them from the network). A heartbeat changes none."""
+        if self._following or not self._dirty:
+            self._dirty.clear()
+            return
+        for name in self._dirty:
+            node = self.nodes.get(name)
+            if node is None:
+                continue
+            record = observed.record(node)
+            if self._sent.get(name) != record:
+                self._sent[name] = record
+                self.backend.put(OBSERVED, name, record)
+        self._dirty.clear()
+
+    def _put(self, kind: str, key: str, record: Record) -> None:
+        if not self._following:
+            self.backend.put(kind, key, record)
 
     def _node_effect(self, node: Node, effect: Effect) -> None:
         if isinstance(effect, Observe):
@@ -180,10 +245,12 @@ class NodeStore:
             assert node.boot is not None
             if effect.phase not in node.boot.phases:
                 node.boot.phases[effect.phase] = self.clock()
+                self._changed(node)
                 log.debug("%s: boot phase %s", node.name, effect.phase)
                 self.feed.publish(node.name, "observed", {"phase": effect.phase})
         elif isinstance(effect, NewBoot):
             node.boot = Boot(started=self.clock(), firmware=effect.firmware)
+            self._changed(node)
             self.feed.publish(node.name, "observed", {"boot": node.boot.started}, effect.why)
             how = effect.why or effect.firmware or "unknown firmware"
             self._observe(node, {"boots": node.boots + 1, "busy": Busy.UNKNOWN,
@@ -204,9 +271,9 @@ class NodeStore:
             self._keep_token(node)
         elif isinstance(effect, Bind):
             previous = self.identities.bind(node, effect.mac)
-            if previous is not None:
+            if previous is not None and not self._following:
                 self.backend.delete(BINDINGS, previous.name)
-            self.backend.put(BINDINGS, node.name, {"mac": effect.mac})
+            self._put(BINDINGS, node.name, {"mac": effect.mac})
             self.unknown.forget(effect.mac)
             self._observe(node, {"mac": effect.mac, "conflict": None, "binding": effect.binding,
                                  "rebind_pending": None})  # fmt: skip
@@ -232,6 +299,8 @@ class NodeStore:
             self.identities.readdress(node, before["ip"])
         if node.last_report is not None and "last_report" in changed:
             self.liveness.heard(node.name, node.last_report)
+        if not quiet:
+            self._changed(node)
         self.feed.publish(node.name, "observed", changed, why, quiet)
 
     def _event(self, event: Event) -> None:
@@ -244,10 +313,14 @@ class NodeStore:
             log.log(level, "%s: %s", node, message)
         self.feed.publish(node, "event", {"event": kind}, message)
 
+    def _changed(self, node: Node) -> None:
+        if self.instance is not None:
+            self._dirty.add(node.name)
+
     def _keep_token(self, node: Node) -> None:
         """Through the backend before the answer that depends on it is sent."""
         try:
-            self.backend.put(TOKENS, node.name, tokens.record(node))
+            self._put(TOKENS, node.name, tokens.record(node))
         except OSError as error:
             log.error("cannot save the boot token of %s: %s", node.name, error.strerror)
 
@@ -341,6 +414,8 @@ class NodeStore:
     def report(self, payload: Any) -> Ack:
         """An agent report (parsed JSON); raises ReportRejected saying why it is refused."""
         effects, outcome = reports.admit(self, payload)
+        if self.instance is not None and isinstance(outcome, Ack):  # it reports here now
+            effects.append(Observe(outcome.node, {"heard_by": self.instance}, "reports here"))
         self.apply(effects)
         if isinstance(outcome, ReportRejected):
             raise outcome
@@ -414,4 +489,5 @@ class NodeStore:
 
     def check_lost(self) -> None:
         """Nodes whose agent stopped reporting become lost (only overdue ones are read)."""
-        self.apply(self.liveness.overdue(self.nodes, self.clock(), self.lost_limit))
+        overdue = self.liveness.overdue(self.nodes, self.clock(), self.lost_limit, self.instance)
+        self.apply(overdue)

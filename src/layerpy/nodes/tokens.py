@@ -65,3 +65,16 @@ def resume(records: Mapping[str, Mapping[str, Any]], nodes: Mapping[str, Node]) 
             )
         )
     return effects
+
+
+def follow(node: Node, kept: Mapping[str, Any]) -> list[Effect]:
+    """Another instance's token of ``node``: an agent that moves here keeps its token."""
+    digest, boot_id, boots = kept.get("sha256"), kept.get("boot_id"), kept.get("boots")
+    if not isinstance(digest, str) or not (boot_id is None or isinstance(boot_id, str)):
+        return []
+    boots = boots if isinstance(boots, int) else node.boots
+    if node.boot is None:
+        return [Resume(node.name, digest, boot_id, boots)]
+    if (node.boot.token_digest, node.boot.boot_id) == (digest, boot_id):
+        return []
+    return [Token(node.name, digest, boot_id)]

@@ -197,17 +197,28 @@ class LeaseTable:
         pool was changed), malformed ones raise ValueError naming the record."""
         table = cls(first, last, **options)
         for record in records:
-            try:
-                address = IPv4Address(record["address"])
-                held = (str(record["client"]), record["state"], float(record["expires"]))
-            except (KeyError, TypeError, ValueError) as error:
-                raise ValueError(f"bad lease record {record!r}: {error}") from None
-            if held[1] not in STATES:
-                raise ValueError(f"bad lease record {record!r}: state {held[1]!r}")
-            if address in table:
-                table._restore(int(address), held)
+            table._restore_record(record)
         table._changed.clear()  # as restored: nothing new to write
         return table
+
+    def adopt(self, record: dict[str, Any]) -> None:
+        """Another server's record of an address (a cluster's shared pool), taken as a
+        restore: not among changes() (raises ValueError when malformed)."""
+        before = set(self._changed)
+        self._restore_record(record)
+        for number in [n for n in self._changed if n not in before]:
+            del self._changed[number]
+
+    def _restore_record(self, record: dict[str, Any]) -> None:
+        try:
+            address = IPv4Address(record["address"])
+            held = (str(record["client"]), record["state"], float(record["expires"]))
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"bad lease record {record!r}: {error}") from None
+        if held[1] not in STATES:
+            raise ValueError(f"bad lease record {record!r}: state {held[1]!r}")
+        if address in self:
+            self._restore(int(address), held)
 
     def _restore(self, number: int, held: _Held) -> None:
         """Put a record back, keeping what the table itself never writes out of it (a
