@@ -193,7 +193,7 @@ REPORT = "/api/v1/agent/report"
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--servers", required=True, help="A[,B]: node i goes to server i % n")
+    parser.add_argument("--servers", required=True, help="A[,B]: node i boots from server i %% n")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--nodes", required=True, help="a file of lines NAME MAC IP")
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between beats")
