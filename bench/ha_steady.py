@@ -125,8 +125,9 @@ class Server:
                 ["taskset", "-c", SERVER_CPU, str(LAYERPY), "serve", "-c", str(config)],
                 stdout=sink, stderr=sink, cwd=directory,
             )  # fmt: skip
-        wait_for(lambda: b"layerpy.server: serving" in self.log.read_bytes(), 300,
-                 "layerpy serve started", self)  # fmt: skip
+
+    def serving(self) -> bool:
+        return b"layerpy.server: serving" in self.log.read_bytes()
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -213,7 +214,8 @@ def difference(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     per = {k: (after["etcd"][k] - before["etcd"][k]) / seconds for k in after["etcd"]}
     reports = after["client"]["ok"] - before["client"]["ok"]
     cpu = [(a - b) / seconds for a, b in zip(after["cpu"], before["cpu"], strict=True)]
-    return {"seconds": seconds, "etcd": per, "cpu": cpu, "reports": reports / seconds,
+    total = {k: after["etcd"][k] - before["etcd"][k] for k in after["etcd"]}
+    return {"seconds": seconds, "etcd": per, "etcd_total": total, "cpu": cpu, "reports": reports / seconds,
             "failed": after["client"]["failed"] - before["client"]["failed"],
             "late": after["client"]["late"] - before["client"]["late"],
             "journal": (after["journal"] - before["journal"]) / seconds,
@@ -241,6 +243,8 @@ def measure(nodes: int, args: argparse.Namespace, directory: Path, clustered: bo
                 endpoints = ", ".join(f'"{url}"' for url in cluster.endpoints)
                 table = f'[cluster]\netcd = [{endpoints}]\nname = "i{k}"\n'
             servers.append(Server(place, own, node_file(own, nodes, ADDRESSES[k], interval, table)))
+        # started together, the instances split the nodes (one started alone takes them all)
+        wait_for(lambda: all(s.serving() for s in servers), 300, "layerpy serve started", *servers)
         listing = node_list(directory, nodes)
         started = time.monotonic()
         client = Client(segment, listing, list(ADDRESSES[:count]), interval)
@@ -256,8 +260,9 @@ def measure(nodes: int, args: argparse.Namespace, directory: Path, clustered: bo
         wait_for(lambda: any("rebooted" in line for line in client.lines), 600, "reboots", *servers)
         time.sleep(1.0)
         change = difference(before, sample(servers, client, cluster, where))
+        rebooted = next(line["rebooted"] for line in client.lines if "rebooted" in line)
         return {"nodes": nodes, "interval": interval, "setup": "2 instances on etcd" if cluster
-                else "1 instance, no etcd", "steady": steady, "change": change,
+                else "1 instance, no etcd", "steady": steady, "change": change, "rebooted": rebooted,
                 "boot_s": booted - started}  # fmt: skip
     finally:
         if client is not None:
@@ -288,6 +293,13 @@ def show(rows: list[dict]) -> None:
                   f"{etcd.get('etcd_mvcc_put_total', float('nan')):>7.1f} "
                   f"{etcd.get('etcd_mvcc_txn_total', float('nan')):>7.1f} {cpu:>14} "
                   f"{per_report:>13.3f} {figures['journal']:>11.0f}")  # fmt: skip
+        total = row["change"]["etcd_total"]
+        if total:
+            print(
+                f"        change: {row['rebooted']} nodes rebooted in "
+                f"{row['change']['seconds']:.1f} s: "
+                + ", ".join(f"{v:.0f} {k.removeprefix('etcd_')}" for k, v in total.items())
+            )
         if row["steady"]["failed"] or row["steady"]["late"]:
             print(f"        steady: {row['steady']['failed']} reports failed, "
                   f"{row['steady']['late']} sent over 1 s late")  # fmt: skip
