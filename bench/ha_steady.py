@@ -215,7 +215,8 @@ def difference(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     reports = after["client"]["ok"] - before["client"]["ok"]
     cpu = [(a - b) / seconds for a, b in zip(after["cpu"], before["cpu"], strict=True)]
     total = {k: after["etcd"][k] - before["etcd"][k] for k in after["etcd"]}
-    return {"seconds": seconds, "etcd": per, "etcd_total": total, "cpu": cpu, "reports": reports / seconds,
+    return {"seconds": seconds, "etcd": per, "etcd_total": total, "cpu": cpu,
+            "reports": reports / seconds,
             "failed": after["client"]["failed"] - before["client"]["failed"],
             "late": after["client"]["late"] - before["client"]["late"],
             "journal": (after["journal"] - before["journal"]) / seconds,
@@ -261,9 +262,9 @@ def measure(nodes: int, args: argparse.Namespace, directory: Path, clustered: bo
         time.sleep(1.0)
         change = difference(before, sample(servers, client, cluster, where))
         rebooted = next(line["rebooted"] for line in client.lines if "rebooted" in line)
-        return {"nodes": nodes, "interval": interval, "setup": "2 instances on etcd" if cluster
-                else "1 instance, no etcd", "steady": steady, "change": change, "rebooted": rebooted,
-                "boot_s": booted - started}  # fmt: skip
+        setup = "2 instances on etcd" if cluster else "1 instance, no etcd"
+        return {"nodes": nodes, "interval": interval, "setup": setup, "steady": steady,
+                "change": change, "rebooted": rebooted, "boot_s": booted - started}  # fmt: skip
     finally:
         if client is not None:
             client.stop()
