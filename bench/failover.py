@@ -49,8 +49,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from etcd import EtcdCluster, Instance  # noqa: E402
 from netns import unique_name  # noqa: E402
+from nodefile import BOOT_SECTIONS, write_boot_files  # noqa: E402
 
 INSTANCE = ROOT / "tests" / "cluster_instance.py"
+LAYERPY = ROOT / ".venv" / "bin" / "layerpy"
 KEA_PARTNER_DOWN = 60.0  # s: max-response-delay's default, Kea ARM "High Availability"
 KEA_HEARTBEAT = 10.0  # s: heartbeat-delay's default
 
@@ -101,6 +103,20 @@ def owners(observer: Process) -> dict[str, str]:
     )
 
 
+def taken(observer: Process, killed: float, nodes: int, victim: str) -> float:
+    """Seconds from `killed` to the first read with every node owned, none by `victim`."""
+
+    def first() -> float | None:
+        for line in observer.lines:
+            now = {owner for owner, _ in line["owners"].values()}
+            if line["t0"] > killed and len(line["owners"]) == nodes and victim not in now:
+                return line["t1"]
+        return None
+
+    wait_for(lambda: first() is not None, 60, f"take-over of {victim}'s nodes")
+    return first() - killed  # type: ignore[operator]
+
+
 def one_failover(
     cluster: EtcdCluster, places: list[Instance], log: Path, args
 ) -> tuple[float, int]:
@@ -132,22 +148,80 @@ def one_failover(
         killed = time.time()
         victim.kill()
 
-        def taken() -> float | None:
-            for line in observer.lines:
-                now = {owner for owner, _ in line["owners"].values()}
-                if (
-                    line["t0"] > killed
-                    and len(line["owners"]) == args.nodes
-                    and victim.name not in now
-                ):
-                    return line["t1"]
-            return None
-
-        wait_for(lambda: taken() is not None, 60, f"take-over of {victim.name}'s nodes")
-        return taken() - killed, len(theirs)  # type: ignore[operator]
+        return taken(observer, killed, args.nodes, victim.name), len(theirs)
     finally:
         for process in (observer, *instances):
             process.kill()
+
+
+class Serve:
+    """`layerpy serve` with [cluster] in an instance's namespace (its address on lo: the
+    bench needs no boot segment, DHCP is off), on the nodes of a node file of its own."""
+
+    def __init__(self, place: Instance, folder: Path, k: int, endpoints: list[str], prefix: str,
+                 args: argparse.Namespace) -> None:  # fmt: skip
+        self.place, self.folder, self.name = place, folder, f"head{k}"
+        folder.mkdir()
+        write_boot_files(folder)
+        address = f"10.66.0.{k + 1}"
+        place.netns.run("ip", "addr", "add", f"{address}/32", "dev", "lo")
+        members = ", ".join(f'"{url}"' for url in endpoints)
+        last = f"{0x525400660100 + args.nodes - 1:012x}"
+        self.config = folder / "nodes.toml"
+        self.config.write_text(
+            f'[server]\naddress = "{address}"\nstate_dir = "state"\ndhcp = "off"\n\n'
+            f'[cluster]\netcd = [{members}]\nname = "{self.name}"\nprefix = "{prefix}"\n'
+            f"lease_ttl = {args.ttl}\n\n"
+            f'[network]\nsubnet = "10.66.0.0/16"\n\n{BOOT_SECTIONS}\n'
+            f'[groups.fo]\nnodes = "fn[001-{args.nodes:03d}]"\nip = "10.66.1.[1-{args.nodes}]"\n'
+            f'mac = "52:54:00:66:01:00-{":".join(last[i : i + 2] for i in range(0, 12, 2))}"\n'
+        )  # fmt: skip
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with (self.folder / "serve.log").open("ab") as log:
+            command = [str(LAYERPY), "serve", "-c", str(self.config)]
+            self.proc = self.place.netns.popen(command, stdout=log, stderr=log)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # `ip netns exec` execs: layerpy's pid
+            self.proc.wait()
+
+
+def serve_failovers(cluster: EtcdCluster, places: list[Instance], directory: Path,
+                    args: argparse.Namespace) -> list[tuple[float, int]]:  # fmt: skip
+    """`--runs` kills of the instance owning nodes; after each the victim starts again (and
+    owns nothing: ownership is sticky), so the next run kills the other, which owns all."""
+    prefix = f"/{unique_name('fo')}/layerpy/v1"
+    endpoints = ",".join(cluster.endpoints)
+    observer = Process(places[0], directory / "observer.log", prefix, endpoints, "--observe")
+    heads = [Serve(place, directory / f"head{k}", k, cluster.endpoints, prefix, args)
+             for k, place in enumerate(places[1:])]  # fmt: skip
+    results = []
+    try:
+        for head in heads:
+            head.start()
+        names = {head.name for head in heads}
+        for run in range(args.runs):
+            wait_for(lambda: observer.lines and set(observer.lines[-1]["live"]) == names
+                     and len(owners(observer)) == args.nodes, 120,
+                     "every instance registered and every node owned")  # fmt: skip
+            split = owners(observer)
+            victim = random.choice([h for h in heads if h.name in split.values()])
+            moved = sum(owner == victim.name for owner in split.values())
+            time.sleep(random.uniform(0, args.ttl))  # a random moment of the lease cycle
+            killed = time.time()
+            victim.kill()
+            results.append((taken(observer, killed, args.nodes, victim.name), moved))
+            print(f"  kill {run + 1} ({victim.name}): {moved} nodes owned by another after "
+                  f"{results[-1][0]:.2f} s", flush=True)  # fmt: skip
+            victim.start()
+        return results
+    finally:
+        for head in heads:
+            head.kill()
+        observer.kill()
 
 
 async def leader_failover(cluster: EtcdCluster) -> tuple[float, float]:
@@ -213,6 +287,8 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=60, help="at most 240")
     parser.add_argument("--instances", type=int, default=2)
     parser.add_argument("--ttl", type=int, default=5, help="the instances' lease TTL, s")
+    parser.add_argument("--ownership-only", action="store_true",
+                        help="ownership alone: tests/cluster_instance.py processes")  # fmt: skip
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: namespaces")
@@ -223,10 +299,13 @@ def main() -> None:
     leaders: list[tuple[float, float]] = []
     try:
         places = [cluster.add_instance() for _ in range(args.instances + 1)]
-        for run in range(args.runs):
-            results.append(one_failover(cluster, places, log, args))
-            print(f"  kill {run + 1}: {results[-1][1]} nodes owned by another after "
-                  f"{results[-1][0]:.2f} s", flush=True)  # fmt: skip
+        if args.ownership_only:
+            for run in range(args.runs):
+                results.append(one_failover(cluster, places, log, args))
+                print(f"  kill {run + 1}: {results[-1][1]} nodes owned by another after "
+                      f"{results[-1][0]:.2f} s", flush=True)  # fmt: skip
+        else:
+            results = serve_failovers(cluster, places, directory, args)
         for run in range(args.etcd_runs):
             leaders.append(places[0].run(lambda: leader_failover(cluster), timeout=60))
             elected, writes = leaders[-1]
@@ -238,7 +317,8 @@ def main() -> None:
             cluster.wait_healthy()
     finally:
         cluster.close()
-    print(f"\nfailover: kill -9 of one of {args.instances} instances ({args.nodes} nodes, lease "
+    kind = "ownership instances" if args.ownership_only else "layerpy serve instances"
+    print(f"\nfailover: kill -9 of one of {args.instances} {kind} ({args.nodes} nodes, lease "
           f"TTL {args.ttl} s) to its nodes owned by another, {len(results)} runs: "
           f"{spread([t for t, _ in results])}")  # fmt: skip
     if leaders:
