@@ -3,7 +3,8 @@ each booted once and then reporting a heartbeat every `--interval` seconds.
 
 Boot, per node, from its own address (the namespace's `local` route makes every node
 address the process's own): GET /boot/NAME.ipxe (the server answers only the node's
-address; the script holds the boot token), then a hello report. Heartbeats then go over
+address; the script holds the boot token), then a hello report. Its heartbeats, from
+the moment it has booted, go over
 `--connections` keep-alive connections from one address, as raw HTTP/1.1 POSTs: a report's
 admission reads the token in its body, not the address it came from, and 100 000 nodes'
 own connections would cost this one client process more than the server. Nodes are spread
@@ -160,6 +161,8 @@ class Agents:
                 await asyncio.sleep(wait)
             elif wait < -1.0:
                 self.counts["late"] += 1
+            if self.nodes[index][0] not in self.tokens:
+                continue  # not booted yet
             self.counts["sent"] += 1
             task = asyncio.create_task(self.beat(index))
             pending.add(task)
@@ -201,9 +204,8 @@ async def main() -> None:
     parser.add_argument("--boot-concurrency", type=int, default=256)
     args = parser.parse_args()
     agents = Agents(args)
-    talk = asyncio.create_task(agents.say())
-    await agents.boot_all(list(range(len(agents.nodes))))
-    await asyncio.gather(talk, agents.heartbeats(), agents.commands())
+    await asyncio.gather(agents.say(), agents.boot_all(list(range(len(agents.nodes)))),
+                         agents.heartbeats(), agents.commands())  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -94,6 +94,8 @@ class Segment:
         netns.run("ip", "link", "set", here, "name", "boot0")
         netns.run("ip", "addr", "add", f"{address}/15", "dev", "boot0")
         netns.run("ip", "link", "set", "boot0", "up")
+        for route in NODE_ROUTES:  # through the client's address: one neighbour, not N
+            netns.run("ip", "route", "add", route, "via", CLIENT)
 
 
 def node_file(directory: Path, nodes: int, address: str, interval: float, cluster: str) -> Path:
