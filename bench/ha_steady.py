@@ -312,7 +312,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1000,10000", help="node counts, comma-separated")
     parser.add_argument("--interval", type=float, default=5.0, help="heartbeat, s")
-    parser.add_argument("--max-rate", type=float, default=2000, help="reports/s of the client")
+    parser.add_argument("--max-rate", type=float, default=1000, help="reports/s of the client")
     parser.add_argument("--settle", type=float, default=10.0, help="s after the last boot")
     parser.add_argument("--window", type=float, default=20.0, help="s of steady state measured")
     parser.add_argument("--single-only", action="store_true", help="no etcd, one instance")
