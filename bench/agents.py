@@ -12,9 +12,10 @@ evenly over the interval; each report is sent in its slot, or counted late when 
 falls behind.
 
 Prints one JSON line per second on stdout: {"t", "booted", "sent", "ok", "failed", "late",
-"p50_ms", "p99_ms"} (counts since the start; latencies of that second). A line "reboot F" on
-stdin makes a fraction F of the nodes boot again (a new boot script, a hello with a new boot
-id), as after a power cycle: that is a change the servers must record, unlike heartbeats.
+"cpu", "p50_ms", "p99_ms"} (counts and this process's CPU seconds since the start;
+latencies of that second). A line "reboot F" on stdin makes a fraction F of the nodes boot
+again (a new boot script, a hello with a new boot id), as after a power cycle: a change
+the servers must record, unlike heartbeats.
 
 Run by bench/ha_steady.py (`--servers A,B`: node i boots from server i % 2, then reports
 where the servers tell it to: its owner, in a cluster).
@@ -27,6 +28,7 @@ import asyncio
 import json
 import random
 import re
+import resource
 import sys
 import time
 
@@ -175,7 +177,8 @@ class Agents:
             await asyncio.sleep(1.0)
             ranked = sorted(self.latencies)
             self.latencies = []
-            line = {"t": time.time(), **self.counts}
+            used = resource.getrusage(resource.RUSAGE_SELF)
+            line = {"t": time.time(), **self.counts, "cpu": used.ru_utime + used.ru_stime}
             if ranked:
                 line |= {"p50_ms": 1000 * ranked[len(ranked) // 2],
                          "p99_ms": 1000 * ranked[int(len(ranked) * 0.99)]}  # fmt: skip

@@ -221,6 +221,7 @@ def difference(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
             "reports": reports / seconds,
             "failed": after["client"]["failed"] - before["client"]["failed"],
             "late": after["client"]["late"] - before["client"]["late"],
+            "client_cpu": (after["client"]["cpu"] - before["client"]["cpu"]) / seconds,
             "journal": (after["journal"] - before["journal"]) / seconds,
             "cpu_per_report": sum(cpu) * seconds / max(reports, 1)}  # fmt: skip
 
@@ -305,7 +306,8 @@ def show(rows: list[dict]) -> None:
             )
         if row["steady"]["failed"] or row["steady"]["late"]:
             print(f"        steady: {row['steady']['failed']} reports failed, "
-                  f"{row['steady']['late']} sent over 1 s late")  # fmt: skip
+                  f"{row['steady']['late']} sent over 1 s late; the client's CPU "
+                  f"{100 * row['steady']['client_cpu']:.0f} %")  # fmt: skip
 
 
 def main() -> None:
