@@ -3,9 +3,9 @@ each booted once and then reporting a heartbeat every `--interval` seconds.
 
 Boot, per node, from its own address (the namespace's `local` route makes every node
 address the process's own): GET /boot/NAME.ipxe (the server answers only the node's
-address; the script holds the boot token), then a hello report. Its heartbeats, from
-the moment it has booted, go over
-`--connections` keep-alive connections from one address, as raw HTTP/1.1 POSTs: a report's
+address; the script holds the boot token), then a hello report. Its heartbeats, from the
+moment it has booted (a slot before that is skipped), go over `--connections` keep-alive
+connections per server from one address, as raw HTTP/1.1 POSTs: a report's
 admission reads the token in its body, not the address it came from, and 100 000 nodes'
 own connections would cost this one client process more than the server. Nodes are spread
 evenly over the interval; each report is sent in its slot, or counted late when the client
