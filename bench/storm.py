@@ -292,7 +292,7 @@ def instances(pair: Pair, directory: Path, listing: Path, args: argparse.Namespa
         before = sum(cpu_seconds(p.pid) for p in servers)
         etcd_before = sum(cpu_seconds(pid) for pid in etcd_pids)
         began = time.monotonic()
-        report = storm(pair, directory, listing, args, "active")
+        report = storm(pair, directory / "instance0", listing, args, "active")
         result = summary(report, PHASES) | {
             "cpu": sum(cpu_seconds(p.pid) for p in servers) - before,
             "etcd_cpu": sum(cpu_seconds(pid) for pid in etcd_pids) - etcd_before,
