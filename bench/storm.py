@@ -40,7 +40,8 @@ sys.path.insert(0, str(ROOT / "bench"))  # as when run: a test loads this file b
 
 from reference import cpu_seconds, nginx_config  # noqa: E402
 
-from netns import Netns  # noqa: E402
+from etcd import EtcdCluster  # noqa: E402
+from netns import Netns, sh, unique_name  # noqa: E402
 from oci import build_image  # noqa: E402
 
 LAYERPY = ROOT / ".venv" / "bin" / "layerpy"
@@ -63,19 +64,28 @@ def ip(index: int) -> str:
 
 
 class Pair:
-    """The server's namespace and the nodes', joined by s0 <-> c0."""
+    """The server's namespace and the nodes': c0 is a bridge in the nodes' namespace (the
+    boot segment), the server's s0 a veth onto it (so are the instances' with --instances)."""
 
     def __init__(self) -> None:
         self.server, self.nodes = Netns("lpstS"), Netns("lpstC")
-        subprocess.run(["ip", "link", "add", "s0", "netns", self.server.name, "type", "veth",
-                        "peer", "name", "c0", "netns", self.nodes.name], check=True)  # fmt: skip
-        for ns, dev in ((self.server, "s0"), (self.nodes, "c0")):
-            ns.run("ip", "link", "set", "lo", "up")
-            ns.run("ip", "link", "set", dev, "up")
-        self.server.run("ip", "addr", "add", f"{SERVER}/15", "dev", "s0")
+        self.nodes.run("ip", "link", "add", "c0", "type", "bridge")
+        self.nodes.run("ip", "link", "set", "c0", "up")
         # every node address is the nodes' namespace's own (and answers ARP on c0)
         self.nodes.run("ip", "route", "add", "local", "10.81.0.0/16", "dev", "lo")
         self.nodes.run("ip", "route", "add", "10.80.0.0/16", "dev", "c0")
+        self.join(self.server, SERVER)
+
+    def join(self, netns: Netns, address: str) -> None:
+        """A veth `s0` from netns, with address, onto the bridge."""
+        here, there = unique_name("vs"), unique_name("vc")
+        sh("ip", "link", "add", here, "type", "veth", "peer", "name", there)
+        sh("ip", "link", "set", here, "netns", netns.name)
+        sh("ip", "link", "set", there, "netns", self.nodes.name)
+        self.nodes.run("ip", "link", "set", there, "master", "c0", "up")
+        netns.run("ip", "link", "set", here, "name", "s0")
+        netns.run("ip", "addr", "add", f"{address}/15", "dev", "s0")
+        netns.run("ip", "link", "set", "s0", "up")
 
     def close(self) -> None:
         self.nodes.close()
@@ -101,16 +111,19 @@ def node_list(directory: Path, count: int) -> Path:
     return path
 
 
-def layerpy_config(directory: Path, count: int) -> Path:
+def layerpy_config(directory: Path, count: int, address: str = SERVER, cluster: str = "") -> Path:
+    """The node file; `cluster` is an instance's [cluster] table (the rest is the same)."""
     build_image(directory / "tiny", "tiny", "storm")
     path = directory / "nodes.toml"
     path.write_text(f"""\
 [server]
 interface = "s0"
-address = "{SERVER}"
+address = "{address}"
 state_dir = "state"
 dhcp_probe = 0
 heartbeat = 10
+
+{cluster}
 
 [network]
 subnet = "10.80.0.0/15"
@@ -214,7 +227,7 @@ def storm(pair: Pair, directory: Path, listing: Path, args: argparse.Namespace,
         args.cpu_of_killed = cpu_seconds(args.server_process.pid)  # gone with it, else
         args.server_process.send_signal(signal.SIGKILL)
         args.server_process.wait()
-        args.server_process = start_layerpy(pair, directory, serve)
+        args.server_process = start_layerpy(pair.server, directory, serve)
         killed = args.kill_at
     client.wait(timeout=1800)
     error = client.stderr.read().decode() if client.stderr else ""
@@ -225,17 +238,74 @@ def storm(pair: Pair, directory: Path, listing: Path, args: argparse.Namespace,
     return report
 
 
-def start_layerpy(pair: Pair, directory: Path, command: list[str]) -> subprocess.Popen:
+def start_layerpy(netns: Netns, directory: Path, command: list[str]) -> subprocess.Popen:
     path = directory / "serve.log"
     start = path.stat().st_size if path.exists() else 0  # a restart appends
     log = path.open("ab")
-    process = pair.server.popen(command, stdout=log, stderr=log)
+    process = netns.popen(command, stdout=log, stderr=log)
     deadline = time.monotonic() + 120
     while b"layerpy.server: serving" not in path.read_bytes()[start:]:
         if process.poll() is not None or time.monotonic() > deadline:
             sys.exit(f"layerpy serve did not start: {path.read_text()[-3000:]}")
         time.sleep(0.1)
     return process
+
+
+def pulled(directory: Path) -> None:
+    """Until the server in `directory` has pulled the image."""
+    deadline = time.monotonic() + 120
+    while b"tiny" not in (directory / "serve.log").read_bytes() or not list(
+        (directory / "state" / "images").rglob("rootfs.squashfs")
+    ):
+        if time.monotonic() > deadline:
+            sys.exit(f"the image was not pulled in 120 s: {directory / 'serve.log'}")
+        time.sleep(0.2)
+
+
+def instances(pair: Pair, directory: Path, listing: Path, args: argparse.Namespace) -> dict:
+    """The storm against `--instances` layerpy instances on a 3-member etcd (tests/etcd.py),
+    each in a namespace of its own on the nodes' bridge (10.80.0.1, .2, ...), the instances
+    and etcd's members pinned to SERVER_CPU as the single server is."""
+    cluster = EtcdCluster(directory / "etcd")
+    servers: list[subprocess.Popen] = []
+    try:
+        for member in cluster.members:
+            assert member.proc is not None
+            sh("taskset", "-a", "-p", "-c", SERVER_CPU, str(member.proc.pid))
+        endpoints = ", ".join(f'"{url}"' for url in cluster.endpoints)
+        folders = []
+        for k in range(args.instances):
+            place, folder = cluster.add_instance(), directory / f"instance{k}"
+            folder.mkdir()
+            for name in ("vmlinuz", "initrd"):
+                os.link(directory / name, folder / name)
+            address = f"10.80.0.{k + 1}"
+            pair.join(place.netns, address)
+            table = f'[cluster]\netcd = [{endpoints}]\nname = "i{k}"\n'
+            config = layerpy_config(folder, args.nodes, address, table)
+            command = ["taskset", "-c", SERVER_CPU, str(LAYERPY), "serve", "-c", str(config)]
+            servers.append(start_layerpy(place.netns, folder, command))
+            folders.append(folder)
+        for folder in folders:
+            pulled(folder)
+        etcd_pids = [m.proc.pid for m in cluster.members if m.proc is not None]
+        before = sum(cpu_seconds(p.pid) for p in servers)
+        etcd_before = sum(cpu_seconds(pid) for pid in etcd_pids)
+        began = time.monotonic()
+        report = storm(pair, directory / "instance0", listing, args, "active")
+        result = summary(report, PHASES) | {
+            "cpu": sum(cpu_seconds(p.pid) for p in servers) - before,
+            "etcd_cpu": sum(cpu_seconds(pid) for pid in etcd_pids) - etcd_before,
+            "rss": sum(peak_rss(p.pid) for p in servers),
+            "wall": time.monotonic() - began,
+        }
+        for server in servers:
+            server.send_signal(signal.SIGTERM)
+        for server in servers:
+            server.wait(60)
+        return result
+    finally:
+        cluster.close()
 
 
 def summary(report: dict, phases: tuple[str, ...]) -> dict:
@@ -262,6 +332,8 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=0.0, help="arrivals spread over s")
     parser.add_argument("--kill-at", type=float, help="kill -9 and restart layerpy then")
     parser.add_argument("--no-reference", action="store_true")
+    parser.add_argument("--instances", type=int, default=1,
+                        help="2 or more: also a storm on that many instances on etcd")  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="keep the logs (the path is said)")
     args = parser.parse_args()
     if args.nodes % 250:
@@ -295,14 +367,8 @@ def main() -> None:
                 process.wait(30)
         config = layerpy_config(directory, args.nodes)
         command = ["taskset", "-c", SERVER_CPU, str(LAYERPY), "serve", "-c", str(config)]
-        args.server_process = start_layerpy(pair, directory, command)
-        deadline = time.monotonic() + 120
-        while b"tiny" not in (directory / "serve.log").read_bytes() or not list(
-            (directory / "state" / "images").rglob("rootfs.squashfs")
-        ):
-            if time.monotonic() > deadline:
-                sys.exit("the image was not pulled in 120 s")
-            time.sleep(0.2)
+        args.server_process = start_layerpy(pair.server, directory, command)
+        pulled(directory)
         before = cpu_seconds(args.server_process.pid)
         began = time.monotonic()
         report = storm(pair, directory, listing, args, "active", command)
@@ -315,6 +381,8 @@ def main() -> None:
         }
         server.send_signal(signal.SIGTERM)
         server.wait(60)
+        if args.instances > 1:
+            results[f"{args.instances} instances"] = instances(pair, directory, listing, args)
     finally:
         pair.close()
     show(args, results)
@@ -330,6 +398,9 @@ def show(args: argparse.Namespace, results: dict[str, dict]) -> None:
         f"boot storm: {args.nodes} simulated nodes, arriving {how}; servers on CPU "
         f"{SERVER_CPU}, nodes on CPU {CLIENT_CPU}"
     )
+    if args.instances > 1:
+        print(f"{args.instances} instances: layerpy serve with [cluster] on a 3-member etcd, "
+              f"instances and etcd all on CPU {SERVER_CPU}")  # fmt: skip
     for stack, result in results.items():
         print(f"\n{stack}: {len(result['failed'])} failed, retries {result['retries'] or 0}, "
               f"server CPU {result['cpu']:.1f} s, peak RSS {result['rss']:.0f} MB, "
@@ -338,6 +409,8 @@ def show(args: argparse.Namespace, results: dict[str, dict]) -> None:
         if rate := getattr(args, "link_rate", None):
             print(f"  the bytes alone need {result['bytes'] / rate:.1f} s at the veth's "
                   f"{rate / 1e9:.2f} GB/s (nginx to curl, same cores)")  # fmt: skip
+        if "etcd_cpu" in result:
+            print(f"  etcd's 3 members used {result['etcd_cpu']:.1f} s of CPU besides")
         if result.get("killed_at") is not None:
             print(
                 f"  layerpy killed (SIGKILL) and restarted at {result['killed_at']:g} s; "
@@ -356,6 +429,14 @@ def show(args: argparse.Namespace, results: dict[str, dict]) -> None:
             f"ratio {ours / theirs:.2f}; layerpy to every image active "
             f"{results['layerpy']['phases'].get('active', (0, 0, float('nan')))[2]:.1f} s"
         )
+    several = f"{args.instances} instances"
+    if several in results:
+        print(f"\n{several} against 1 (the last node to reach each phase):")
+        for phase in ("script", "hello", "active"):
+            one = results["layerpy"]["phases"].get(phase, (0, 0, float("nan")))[2]
+            more = results[several]["phases"].get(phase, (0, 0, float("nan")))[2]
+            print(f"  {phase:<7} 1 instance {one:6.1f} s, {several} {more:6.1f} s: "
+                  f"ratio {more / one:.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

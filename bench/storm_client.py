@@ -319,7 +319,8 @@ async def boot(node: Node, args: argparse.Namespace, dhcp: Dhcp, began: float) -
     try:
         ack = await dhcp.exchange(node, "pxe")
         reached("dhcp")
-        await tftp(node, args.server, ack.get(67, b"undionly.kpxe").rstrip(b"\0").decode())
+        server = socket.inet_ntoa(ack[54]) if len(ack.get(54, b"")) == 4 else args.server
+        await tftp(node, server, ack.get(67, b"undionly.kpxe").rstrip(b"\0").decode())
         reached("tftp")
         ack = await dhcp.exchange(node, "ipxe")
         reached("dhcp_ipxe")
@@ -344,9 +345,10 @@ async def boot(node: Node, args: argparse.Namespace, dhcp: Dhcp, began: float) -
         if args.until == "initrd":
             return
         token = re.search(r"layerpy\.token=(\S+)", text).group(1)
+        first = re.search(r"layerpy\.server=http://([0-9.]+)", text)  # the agent's server
         await dhcp.exchange(node, "os")
         reached("dhcp_os")
-        await agent(node, args, token, reached)
+        await agent(node, args, token, first.group(1) if first else args.server, reached)
     except Failed as error:
         node.error = str(error)
     except Exception as error:  # a simulated node reports its failure, never crashes all
@@ -355,9 +357,11 @@ async def boot(node: Node, args: argparse.Namespace, dhcp: Dhcp, began: float) -
 
 
 async def agent(
-    node: Node, args: argparse.Namespace, token: str, reached: Callable[[str], None]
-) -> None:
-    http = Http(node, args.server, args.http_port)
+    node: Node, args: argparse.Namespace, token: str, server: str,
+    reached: Callable[[str], None],
+) -> None:  # fmt: skip
+    """The minOS's agent: reports to `server` (the first its command line names)."""
+    http = Http(node, server, args.http_port)
     seq = 0
     image: dict = {"state": "none"}
 

@@ -9,8 +9,8 @@ segments), given to ownership when a line "go"
 comes on stdin (so the test can start every instance before any claims). Each 50 ms, and at once when the fence
 changes, an instance prints one JSON line: {"t0", "t1": wall times before and after it asked
 its fence, "fresh": its lease known fresh, "allows": [nodes its fence allows]}. An observer
-reads the owner keys each 50 ms and prints {"t0", "t1", "owners": {node: [owner, version]}}
-(nothing while etcd does not answer). Log lines go to stderr.
+reads the owner keys each 50 ms and prints {"t0", "t1", "owners": {node: [owner, version]},
+"live": [registered instances]} (nothing while etcd does not answer). Log lines go to stderr.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ async def main() -> None:
                 raise
             await asyncio.sleep(1)
     if args.observe:
-        await observe(etcd, f"{args.prefix}/owners/")
+        await observe(etcd, args.prefix)
     members = Membership(etcd, prefix=args.prefix, name=args.name,
                          url=f"http://{args.name}:8080", segment=args.segment,
                          ttl=args.ttl)  # fmt: skip
@@ -77,12 +77,16 @@ async def observe(etcd: Etcd, prefix: str) -> None:
     while True:
         t0 = time.time()
         try:
-            kvs, _ = await etcd.range(prefix)
+            kvs, _ = await etcd.range(f"{prefix}/owners/")
+            live, _ = await etcd.range(f"{prefix}/instances/")
         except EtcdUnavailable:
             await asyncio.sleep(0.05)
             continue
-        owners = {kv.key[len(prefix) :]: [kv.value.decode(), kv.version] for kv in kvs}
-        print(json.dumps({"t0": t0, "t1": time.time(), "owners": owners}), flush=True)
+        start = len(f"{prefix}/owners/")
+        owners = {kv.key[start:]: [kv.value.decode(), kv.version] for kv in kvs}
+        names = sorted(kv.key.rsplit("/", 1)[1] for kv in live)
+        line = {"t0": t0, "t1": time.time(), "owners": owners, "live": names}
+        print(json.dumps(line), flush=True)
         await asyncio.sleep(0.05)
 
 

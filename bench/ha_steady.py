@@ -1,0 +1,348 @@
+"""Steady state on etcd: etcd writes per second and server CPU with N simulated agents
+reporting heartbeats to two `layerpy serve` instances on a 3-member etcd, beside one
+instance without etcd (the reference), one run.
+
+Namespaces only: the nodes' namespace holds a bridge (the boot segment) and every node
+address (a `local` route); each server (an instance, or the single one) sits in a namespace
+of its own joined to that bridge, and the instances also on the etcd bridge of tests/etcd.py
+(3 members of etcd 3.4, /usr/bin/etcd). The simulated agents (bench/agents.py, one asyncio
+process pinned to CPU 1; the servers pinned to CPU 0) boot every node once (its boot
+script from its own address, a hello), node i on instance i % 2, then report a heartbeat per
+node every interval. Per size (`--sizes`) and setup:
+
+- steady: after every node has booted and `--settle` s have passed, a window of `--window`
+  s: etcd's writes (the raft proposals committed, `etcd_server_proposals_committed_total`,
+  and the key-value puts, deletes and transactions, `etcd_mvcc_{put,delete,txn}_total`, read
+  from a member's /metrics before and after), each server's CPU (/proc/PID/stat), the
+  reports answered, and for the single instance the bytes its journals grew.
+- change: then 10 % of the nodes boot again (new boot token, new boot id: what a power
+  cycle does), and the same figures are taken from the command to the last hello + 1 s.
+
+The heartbeat interval is `--interval` (5 s, the default of `[server] heartbeat`) unless
+that would ask more than `--max-rate` reports a second of the one client process: then
+nodes / max-rate, and the servers are told that interval (`[server] heartbeat`), so no node
+is taken for lost. What is printed says the interval used; CPU per report is printed so
+the figure at a 5 s heartbeat can be extrapolated (heartbeats write nothing to etcd at any
+rate: that is the point).
+
+Run as root: `.venv/bin/python bench/ha_steady.py [--sizes 1000,10000] [--window 20]`
+(`--sizes 100000` for the largest; `--single-only` without etcd).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from reference import cpu_seconds  # noqa: E402
+
+from etcd import EtcdCluster  # noqa: E402
+from netns import Netns, sh, unique_name  # noqa: E402
+from nodefile import BOOT_SECTIONS, big_groups, big_ip, big_mac, write_boot_files  # noqa: E402
+
+LAYERPY = ROOT / ".venv" / "bin" / "layerpy"
+PYTHON = ROOT / ".venv" / "bin" / "python"
+AGENTS = Path(__file__).with_name("agents.py")
+SERVER_CPU, CLIENT_CPU = "0", "1"
+SUBNET = "10.2.0.0/15"
+ADDRESSES = ("10.3.255.253", "10.3.255.252")  # the servers' on the boot segment
+CLIENT = "10.3.255.254"
+NODE_ROUTES = ("10.2.0.0/16", "10.3.0.0/17", "10.3.128.0/18", "10.3.192.0/21")  # big_ip's
+METRICS = ("etcd_server_proposals_committed_total", "etcd_mvcc_put_total",
+           "etcd_mvcc_delete_total", "etcd_mvcc_txn_total")  # fmt: skip
+GROUP = 25_000
+
+
+def name_of(index: int) -> str:
+    group, i = divmod(index, GROUP)
+    return f"g{group}n{i + 1:05d}"
+
+
+class Segment:
+    """The nodes' namespace: a bridge, the client's address, every node address its own."""
+
+    def __init__(self) -> None:
+        self.netns = Netns("lphn")
+        self.netns.run("ip", "link", "add", "br0", "type", "bridge")
+        self.netns.run("ip", "link", "set", "br0", "up")
+        self.netns.run("ip", "addr", "add", f"{CLIENT}/15", "dev", "br0")
+        for route in NODE_ROUTES:
+            self.netns.run("ip", "route", "add", "local", route, "dev", "lo")
+
+    def join(self, netns: Netns, address: str) -> None:
+        """A veth `boot0` from netns (with address) onto the bridge."""
+        here, there = unique_name("vh"), unique_name("vn")
+        sh("ip", "link", "add", here, "type", "veth", "peer", "name", there)
+        sh("ip", "link", "set", here, "netns", netns.name)
+        sh("ip", "link", "set", there, "netns", self.netns.name)
+        self.netns.run("ip", "link", "set", there, "master", "br0", "up")
+        netns.run("ip", "link", "set", here, "name", "boot0")
+        netns.run("ip", "addr", "add", f"{address}/15", "dev", "boot0")
+        netns.run("ip", "link", "set", "boot0", "up")
+        for route in NODE_ROUTES:  # through the client's address: one neighbour, not N
+            netns.run("ip", "route", "add", route, "via", CLIENT)
+
+
+def node_file(directory: Path, nodes: int, address: str, interval: float, cluster: str) -> Path:
+    """The node file of one server: `nodes` in big groups, heartbeat `interval`; `cluster`
+    is its [cluster] table ("" for the single instance)."""
+    write_boot_files(directory)
+    path = directory / "nodes.toml"
+    path.write_text(
+        f'[server]\ninterface = "boot0"\naddress = "{address}"\nstate_dir = "state"\n'
+        f'dhcp = "off"\nheartbeat = {interval:g}\n\n[api]\nlisten = []\n\n{cluster}\n'
+        f'[network]\nsubnet = "{SUBNET}"\n\n{BOOT_SECTIONS}\n{big_groups(nodes)}'
+    )  # fmt: skip
+    return path
+
+
+def node_list(directory: Path, nodes: int) -> Path:
+    path = directory / "agents.txt"
+    path.write_text("".join(f"{name_of(i)} {big_mac(i)} {big_ip(i)}\n" for i in range(nodes)))
+    return path
+
+
+class Server:
+    """One `layerpy serve` in its namespace, pinned to SERVER_CPU."""
+
+    def __init__(self, netns: Netns, directory: Path, config: Path) -> None:
+        self.directory, self.log = directory, directory / "serve.log"
+        with self.log.open("ab") as sink:
+            self.proc = netns.popen(
+                ["taskset", "-c", SERVER_CPU, str(LAYERPY), "serve", "-c", str(config)],
+                stdout=sink, stderr=sink, cwd=directory,
+            )  # fmt: skip
+
+    def serving(self) -> bool:
+        return b"layerpy.server: serving" in self.log.read_bytes()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.proc.pid)
+
+    def journal_bytes(self) -> int:
+        return sum(p.stat().st_size for p in (self.directory / "state").rglob("*.jsonl"))
+
+    def stop(self) -> None:
+        """SIGTERM, and SIGKILL after 60 s (an instance of 100 000 nodes was slower)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                print(f"not stopped 60 s after SIGTERM, killed: see {self.log}", flush=True)
+                self.proc.kill()
+                self.proc.wait()
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str, *servers: Server) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        dead = [s for s in servers if not s.alive()]
+        if dead or time.monotonic() > deadline:
+            said = "".join(f"\n--- {s.log}:\n{s.log.read_text()[-3000:]}" for s in servers)
+            sys.exit(f"no {what} after {timeout:g} s{said}")
+        time.sleep(0.1)
+
+
+class Client:
+    """bench/agents.py in the nodes' namespace; its last JSON lines."""
+
+    def __init__(self, segment: Segment, listing: Path, servers: list[str], interval: float):
+        command = ["taskset", "-c", CLIENT_CPU, str(PYTHON), str(AGENTS), "--nodes", str(listing),
+                   "--servers", ",".join(servers), "--interval", f"{interval:g}"]  # fmt: skip
+        with (listing.parent / "agents.log").open("wb") as log:
+            self.proc = segment.netns.popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log
+            )
+        self.lines: list[dict[str, Any]] = []
+        self.said = listing.parent / "agents.jsonl"
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        with self.said.open("wb") as copy:  # kept with --keep
+            for raw in self.proc.stdout:
+                copy.write(raw)
+                copy.flush()
+                self.lines.append(json.loads(raw))
+
+    def last(self) -> dict[str, Any]:
+        counts = [line for line in self.lines if "sent" in line]
+        return counts[-1] if counts else {"booted": 0}
+
+    def tell(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+def etcd_counts(cluster: EtcdCluster | None, where: Netns | None) -> dict[str, float]:
+    """The write counters of one etcd member (every member applies every write)."""
+    if cluster is None or where is None:
+        return {}
+    text = where.run("curl", "-sS", "--max-time", "5", f"{cluster.members[0].url}/metrics").stdout
+    found = {}
+    for name in METRICS:
+        match = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
+        found[name] = float(match.group(1)) if match else float("nan")
+    return found
+
+
+def sample(servers: list[Server], client: Client, cluster, where) -> dict[str, Any]:
+    return {"t": time.monotonic(), "cpu": [s.cpu() for s in servers], "client": client.last(),
+            "etcd": etcd_counts(cluster, where),
+            "journal": sum(s.journal_bytes() for s in servers)}  # fmt: skip
+
+
+def difference(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    seconds = after["t"] - before["t"]
+    per = {k: (after["etcd"][k] - before["etcd"][k]) / seconds for k in after["etcd"]}
+    reports = after["client"]["ok"] - before["client"]["ok"]
+    cpu = [(a - b) / seconds for a, b in zip(after["cpu"], before["cpu"], strict=True)]
+    total = {k: after["etcd"][k] - before["etcd"][k] for k in after["etcd"]}
+    return {"seconds": seconds, "etcd": per, "etcd_total": total, "cpu": cpu,
+            "reports": reports / seconds,
+            "failed": after["client"]["failed"] - before["client"]["failed"],
+            "late": after["client"]["late"] - before["client"]["late"],
+            "client_cpu": (after["client"]["cpu"] - before["client"]["cpu"]) / seconds,
+            "journal": (after["journal"] - before["journal"]) / seconds,
+            "cpu_per_report": sum(cpu) * seconds / max(reports, 1)}  # fmt: skip
+
+
+def measure(nodes: int, args: argparse.Namespace, directory: Path, clustered: bool) -> dict:
+    """One size on one setup: the steady window and the change window."""
+    interval = max(args.interval, nodes / args.max_rate)
+    segment = Segment()
+    cluster = EtcdCluster(directory / "etcd") if clustered else None
+    servers: list[Server] = []
+    client = None
+    try:
+        count = 2 if clustered else 1
+        places = (
+            [cluster.add_instance().netns for _ in range(count)] if cluster else [Netns("lphs")]
+        )
+        for k, place in enumerate(places):
+            segment.join(place, ADDRESSES[k])
+            own = directory / f"server{k}"
+            own.mkdir()
+            table = ""
+            if cluster:
+                endpoints = ", ".join(f'"{url}"' for url in cluster.endpoints)
+                table = f'[cluster]\netcd = [{endpoints}]\nname = "i{k}"\n'
+            servers.append(Server(place, own, node_file(own, nodes, ADDRESSES[k], interval, table)))
+        # started together, the instances split the nodes (one started alone takes them all)
+        wait_for(lambda: all(s.serving() for s in servers), 300, "layerpy serve started", *servers)
+        listing = node_list(directory, nodes)
+        started = time.monotonic()
+        client = Client(segment, listing, list(ADDRESSES[:count]), interval)
+        wait_for(lambda: client.last()["booted"] >= nodes, 600, f"{nodes} nodes booted", *servers)
+        booted = time.monotonic()
+        time.sleep(args.settle)
+        where = places[0] if cluster else None
+        before = sample(servers, client, cluster, where)
+        time.sleep(args.window)
+        steady = difference(before, sample(servers, client, cluster, where))
+        before = sample(servers, client, cluster, where)
+        client.tell("reboot 0.1")
+        wait_for(lambda: any("rebooted" in line for line in client.lines), 600, "reboots", *servers)
+        time.sleep(1.0)
+        change = difference(before, sample(servers, client, cluster, where))
+        rebooted = next(line["rebooted"] for line in client.lines if "rebooted" in line)
+        setup = "2 instances on etcd" if cluster else "1 instance, no etcd"
+        return {"nodes": nodes, "interval": interval, "setup": setup, "steady": steady,
+                "change": change, "rebooted": rebooted, "boot_s": booted - started}  # fmt: skip
+    finally:
+        if client is not None:
+            client.stop()
+        for server in servers:
+            server.stop()
+        if cluster is not None:
+            cluster.close()
+        segment.netns.close()
+        if not cluster and places:
+            places[0].close()
+
+
+def show(rows: list[dict]) -> None:
+    print(f"\n{'nodes':>7} {'beat s':>6} {'setup':<20} {'window':<7} {'reports/s':>9} "
+          f"{'etcd writes/s':>13} {'puts/s':>7} {'txns/s':>7} {'server CPU %':>14} "
+          f"{'CPU ms/report':>13} {'journal B/s':>11}")  # fmt: skip
+    for row in rows:
+        for window in ("steady", "change"):
+            figures = row[window]
+            etcd = figures["etcd"]
+            writes = etcd.get("etcd_server_proposals_committed_total")
+            cpu = "+".join(f"{100 * c:.0f}" for c in figures["cpu"])
+            per_report = 1000 * figures["cpu_per_report"]
+            print(f"{row['nodes']:>7} {row['interval']:>6g} {row['setup']:<20} {window:<7} "
+                  f"{figures['reports']:>9.0f} "
+                  f"{'-' if writes is None else f'{writes:.1f}':>13} "
+                  f"{etcd.get('etcd_mvcc_put_total', float('nan')):>7.1f} "
+                  f"{etcd.get('etcd_mvcc_txn_total', float('nan')):>7.1f} {cpu:>14} "
+                  f"{per_report:>13.3f} {figures['journal']:>11.0f}")  # fmt: skip
+        total = row["change"]["etcd_total"]
+        if total:
+            print(
+                f"        change: {row['rebooted']} nodes rebooted in "
+                f"{row['change']['seconds']:.1f} s: "
+                + ", ".join(f"{v:.0f} {k.removeprefix('etcd_')}" for k, v in total.items())
+            )
+        if row["steady"]["failed"] or row["steady"]["late"]:
+            print(f"        steady: {row['steady']['failed']} reports failed, "
+                  f"{row['steady']['late']} sent over 1 s late; the client's CPU "
+                  f"{100 * row['steady']['client_cpu']:.0f} %")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1000,10000", help="node counts, comma-separated")
+    parser.add_argument("--interval", type=float, default=5.0, help="heartbeat, s")
+    parser.add_argument("--max-rate", type=float, default=1000, help="reports/s of the client")
+    parser.add_argument("--settle", type=float, default=10.0, help="s after the last boot")
+    parser.add_argument("--window", type=float, default=20.0, help="s of steady state measured")
+    parser.add_argument("--single-only", action="store_true", help="no etcd, one instance")
+    parser.add_argument("--keep", action="store_true", help="keep the logs (the path is said)")
+    args = parser.parse_args()
+    directory = Path(tempfile.mkdtemp(prefix="layerpy-steady-"))
+    rows = []
+    try:
+        for nodes in (int(size) for size in args.sizes.split(",")):
+            for clustered in (False, True)[: 1 if args.single_only else 2]:
+                here = directory / f"{nodes}-{'etcd' if clustered else 'single'}"
+                here.mkdir()
+                rows.append(measure(nodes, args, here, clustered))
+                show(rows[-1:])
+    finally:
+        if not args.keep:
+            shutil.rmtree(directory, ignore_errors=True)
+    print("\nall together:")
+    show(rows)
+    if args.keep:
+        print(f"logs in {directory}")
+
+
+if __name__ == "__main__":
+    main()
