@@ -13,7 +13,7 @@ import functools
 import gc
 import logging
 import signal
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from ipaddress import IPv4Address
 from pathlib import Path
@@ -148,11 +148,24 @@ class Server:
         nodes = self.nodes.nodes
         self.nodes.apply(Observe(name, {"owner": owner or ""}, quiet=quiet)
                          for name, owner in owners.items() if name in nodes)  # fmt: skip
+        self._adopt(name for name in owners if name in nodes)
 
     def _set_peers(self, peers: tuple[str, ...]) -> None:
         if peers != self.policy.peers:
             log.info("instances serving this segment besides this one: %s", ", ".join(peers) or "-")
         self.policy.peers = peers
+        self._adopt(self.nodes.nodes)  # an instance left: the nodes it heard may be ours
+
+    def _adopt(self, names: Iterable[str]) -> None:
+        """Of ``names``, the nodes this instance owns whose hearing instance is gone become
+        this one's to judge (their liveness), as a killed or cut-off instance cannot."""
+        cluster = self.cluster
+        if cluster is None:
+            return
+        owners, live, nodes = cluster.owners.owners, cluster.members.live, self.nodes.nodes
+        orphans = [name for name in names if owners.get(name) == cluster.name
+                   and (heard := nodes[name].heard_by) and heard not in live]  # fmt: skip
+        self.nodes.adopt(orphans)
 
     def ready(self) -> None:
         """Tell the service manager the server serves (and how many nodes)."""

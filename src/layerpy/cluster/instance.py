@@ -176,7 +176,14 @@ class ClusterInstance:
         return await self.apply(committed.text)
 
     def owner_url(self, node: str) -> str | None:
-        """The boot HTTP URL of the instance that owns ``node`` (None: none live owns it)."""
+        """The boot HTTP URL of the instance that owns ``node`` (None: none live owns it).
+        Cut off from etcd (its lease not known fresh), this instance names another of its
+        segment instead: its agents move there, whose instances judge them while this one
+        cannot act (a silent node is then found lost by its new owner, see server.py)."""
+        members = self.members
+        if not members.clock.fresh(members.now()):
+            others = serving(members.live.values(), self.address)
+            return next((i.url for i in others if i.name != self.name), None)
         owner = self.owners.owners.get(node)
         instance = self.members.live.get(owner) if owner is not None else None
         return instance.url if instance is not None else None

@@ -184,6 +184,14 @@ class NodeStore:
 
     # -- the other instances of a cluster ------------------------------------------------
 
+    def adopt(self, names: Iterable[str]) -> None:
+        """Nodes this instance now owns whose hearing instance is gone (killed, or cut off
+        from etcd): their liveness is this instance's from now on, so a node that stays
+        silent is found lost after the usual limit and recovered by its new owner."""
+        now = self.clock()
+        self.apply(Observe(name, {"heard_by": self.instance, "last_report": now},
+                           "the instance that heard it is gone") for name in names)  # fmt: skip
+
     def changed_elsewhere(self, kind: str, key: str, record: Record | None) -> None:
         """A record another instance wrote (the backend's ``on_change``): applied like any
         change and published on the feed, so every instance shows every node; nothing is
