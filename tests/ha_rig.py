@@ -405,7 +405,6 @@ address = "{server.address}"
 state_dir = "state-{server.name}"
 heartbeat = 1
 dhcp_probe = 0.5
-other_dhcp = "expected"  # the other instances (serve does not yet tell its peers apart)
 
 [api]
 listen = []

@@ -249,7 +249,12 @@ class Server:
         if server.dhcp != "off":
             assert server.interface is not None
             if server.dhcp_probe:
-                self._neighbours = Neighbours(server)
+                cluster = self.cluster  # its instances answer on the segment too
+                self._neighbours = Neighbours(
+                    server,
+                    peers=cluster.peer_addresses if cluster else None,
+                    settle=cluster.lease_ttl if cluster else 0.0,
+                )
                 await self._neighbours.look(starting=True)
             self._closers += await start_dhcp(
                 self.policy,

@@ -18,11 +18,12 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from ipaddress import IPv4Address, ip_network
+from urllib.parse import urlsplit
 
 from layerpy.cluster.backend import EtcdBackend
 from layerpy.cluster.etcd import Etcd, EtcdError, EtcdUnavailable
 from layerpy.cluster.file import Committed, FileRefused, SharedFile
-from layerpy.cluster.members import Membership, serving
+from layerpy.cluster.members import Instance, Membership, serving
 from layerpy.cluster.metrics import ClusterMetrics
 from layerpy.cluster.owners import POOL, Owners
 from layerpy.config import Config, ConfigError, parse_shared
@@ -47,6 +48,7 @@ class ClusterInstance:
             raise ValueError("not a cluster's node file: it has no [cluster]")
         self.config = config
         self.name = cluster.name
+        self.lease_ttl = float(cluster.lease_ttl)  # seconds an instance may go unnoticed
         self.address = config.server.address
         self.etcd = Etcd.from_config(cluster)
         self.shared: SharedFile[Applied] = SharedFile(
@@ -174,6 +176,19 @@ class ClusterInstance:
 
     async def _apply(self, committed: Committed) -> Applied:
         return await self.apply(committed.text)
+
+    async def peer_addresses(self) -> set[IPv4Address]:
+        """The boot addresses of the instances registered now: their DHCP answers on the
+        segment are the cluster's, not another server's (none known while etcd is away)."""
+        try:
+            kvs, _ = await self.etcd.range(self.members.key_prefix)
+        except (EtcdUnavailable, EtcdError):
+            return set()
+        found = set()
+        for kv in kvs:
+            with contextlib.suppress(ValueError, TypeError):
+                found.add(IPv4Address(urlsplit(Instance.from_json(kv.value).url).hostname))
+        return found
 
     def owner_url(self, node: str) -> str | None:
         """The boot HTTP URL of the instance that owns ``node`` (None: none live owns it).

@@ -279,17 +279,38 @@ class Neighbours:
     it); later it is logged once per server found. Proxy: the site's server is needed, and
     its absence is logged (the nodes cannot get addresses without it)."""
 
-    def __init__(self, server: ServerConfig) -> None:
+    def __init__(
+        self,
+        server: ServerConfig,
+        peers: Callable[[], Awaitable[set[IPv4Address]]] | None = None,
+        settle: float = 0.0,
+    ) -> None:
+        """``peers``: the addresses of the other instances of a cluster, whose answers are
+        the cluster's own; one that starts answering just before it registers is looked
+        for again once, ``settle`` seconds later."""
         assert server.interface is not None
         self.server, self.interface = server, server.interface
+        self.peers, self.settle = peers, settle
         self.found: set[IPv4Address] = set()
+
+    async def _others(self) -> set[IPv4Address]:
+        """The DHCP servers answering on the segment that are not instances of ours."""
+        server = self.server
+        found = set(await other_servers(self.interface, server.address, server.dhcp_probe))
+        if self.peers is None or not found:
+            return found
+        found -= await self.peers()
+        if found and self.settle:
+            await asyncio.sleep(self.settle)
+            found -= await self.peers()
+        return found
 
     async def look(self, *, starting: bool = False) -> None:
         """Look once (for ``dhcp_probe`` seconds); StartRefused when `starting` finds
         another authoritative server that the node file does not expect."""
         server = self.server
         try:
-            found = set(await other_servers(self.interface, server.address, server.dhcp_probe))
+            found = await self._others()
         except OSError as error:
             log.warning("cannot look for other DHCP servers on %s: %s", self.interface,
                         error.strerror or error)  # fmt: skip
