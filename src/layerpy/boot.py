@@ -88,6 +88,7 @@ class Verdict:
     why: str  # whose grant this is, or why there is none (for logs)
     unbootable: bool = False  # boot firmware we have no binary for (logged in apply())
     untrusted: bool = False  # relayed, not by a relay we know: dropped, nothing written
+    xid: int | None = None  # the request's transaction: a retransmission starts no new boot
 
 
 class Refused(Exception):
@@ -338,7 +339,8 @@ class BootPolicy:
         else:
             grant, why = self._discovery(request, firmware, location, loads)
         boot_request = node is not None and firmware != "os" and request.message_type == DISCOVER
-        return Verdict(mac, firmware, vendor, node, location, boot_request, grant, why)
+        return Verdict(mac, firmware, vendor, node, location, boot_request, grant, why,
+                       xid=request.xid)  # fmt: skip
 
     def apply(self, verdict: Verdict, effects: Iterable[Effect]) -> None:
         """Write what a request showed, then what the answer to it commits, journalled
@@ -362,7 +364,7 @@ class BootPolicy:
         """One effect of a decision: a boot phase, or a change to the discovery pool."""
         if effect.action is Action.OFFERED:  # a DISCOVER left unanswered starts no boot
             if verdict.boot_request and verdict.node is not None:
-                self.nodes.saw_boot_request(verdict.node, verdict.firmware)
+                self.nodes.saw_boot_request(verdict.node, verdict.firmware, verdict.xid)
             return
         if effect.action is Action.ACKED:
             if verdict.node is not None and verdict.firmware != "os":

@@ -71,6 +71,9 @@ class Boot:
     boot_id: str | None = None
     firmware: str | None = None
     resumed: bool = False  # read back after a restart: its agent was reporting before
+    # the DHCP transactions (xid) of the DISCOVERs seen in this boot: a client's retries
+    # keep their xid, so a late retransmission is this boot's, not a new one (kept few)
+    xids: frozenset[int] = frozenset()
 
     def timeline(self) -> dict[str, float]:
         """Seconds since the start of the boot for every phase seen so far."""

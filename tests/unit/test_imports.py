@@ -10,6 +10,7 @@ from pathlib import Path
 import layerpy
 
 SRC = Path(layerpy.__file__).resolve().parent
+TESTS = Path(__file__).resolve().parent.parent
 
 
 def module_name(path: Path, src: Path) -> str:
@@ -77,3 +78,10 @@ def test_a_circle_is_seen(tmp_path: Path) -> None:
                                       "if TYPE_CHECKING:\n    from pkg.lifecycle import L\n")  # fmt: skip
     (package / "lifecycle.py").write_text("def f():\n    from pkg import stats\n")
     assert circles(imports(package)) == [["pkg.lifecycle", "pkg.stats"]]
+
+
+def test_no_two_test_modules_share_a_name() -> None:
+    """pytest imports test modules by their base name (no packages under tests/): two of one
+    name in different folders stop the whole suite at collection."""
+    names = [path.name for path in TESTS.rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []

@@ -104,6 +104,28 @@ def test_uefi_pxe_chain_is_one_boot(inventory: NodeStore) -> None:
     assert node.boot.firmware == "uefi"
 
 
+def test_a_late_retransmission_of_this_boots_discover_starts_no_new_boot(
+    inventory: NodeStore,
+) -> None:
+    """A client retries a DISCOVER with its transaction id: one answered late (a busy
+    server, or another instance lagging) arriving after the agent's hello is this boot's,
+    and its token stays; a DISCOVER of another transaction is a reboot."""
+    node = inventory.nodes["cn001"]
+    inventory.saw_boot_request(node, "bios", xid=0x1111)
+    inventory.mark(node, Phase.TFTP)
+    inventory.saw_boot_request(node, "ipxe", xid=0x2222)  # the chain-loaded iPXE
+    token = inventory.issue_token(node)
+    report(inventory, token, "hello")
+    for xid in (0x2222, 0x1111):  # late copies of both
+        inventory.saw_boot_request(node, "ipxe", xid=xid)
+    assert node.boots == 1
+    assert node.run_state is RunState.INIT
+    assert report(inventory, token) == Ack("cn001")
+    inventory.saw_boot_request(node, "ipxe", xid=0x3333)
+    assert node.boots == 2
+    assert node.run_state is RunState.BOOTING
+
+
 HELLO = {
     "node": "cn001",
     "token": "t",

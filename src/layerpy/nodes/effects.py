@@ -58,10 +58,12 @@ class NewBoot:
 
 @dataclass(frozen=True, slots=True)
 class Mark:
-    """A boot phase seen (the first time only counts)."""
+    """A boot phase seen (the first time only counts); ``xid``: the DHCP transaction that
+    showed it, remembered as the boot's."""
 
     node: str
     phase: Phase
+    xid: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -121,4 +121,6 @@ def _boot(mine: Boot | None, theirs: Any) -> Boot | None:
             return None
         phases = {**phases, **mine.phases}
     digest, boot_id = (mine.token_digest, mine.boot_id) if mine is not None else (None, None)
-    return Boot(started, phases, token_digest=digest, boot_id=boot_id, firmware=firmware)
+    xids = mine.xids if mine is not None and started == mine.started else frozenset()
+    return Boot(started, phases, token_digest=digest, boot_id=boot_id, firmware=firmware,
+                xids=xids)  # fmt: skip

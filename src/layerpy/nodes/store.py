@@ -47,6 +47,7 @@ __all__ = ["DISCOVERY", "Ack", "FileChange", "NodeStore", "ReportRejected", "com
 log = logging.getLogger("layerpy.nodes")
 quiet = Throttle(log)  # what the boot network can cause at will: a few lines a minute
 
+MAX_XIDS = 8  # DHCP transactions remembered per boot (PXE, then iPXE, then a few more)
 FATAL_ON_CONSOLE = {"panic"}  # the console problems after which a node cannot go on
 # Events a machine on the boot network can repeat at will (a new MAC each time): their log
 # lines are throttled by kind; the events themselves all go on the feed.
@@ -251,6 +252,9 @@ class NodeStore:
             if node.boot is None:
                 self._node_effect(node, NewBoot(node.name))
             assert node.boot is not None
+            xids = node.boot.xids
+            if effect.xid is not None and effect.xid not in xids and len(xids) < MAX_XIDS:
+                node.boot.xids = xids | {effect.xid}
             if effect.phase not in node.boot.phases:
                 node.boot.phases[effect.phase] = self.clock()
                 self._changed(node)
@@ -382,15 +386,18 @@ class NodeStore:
         file gives no address is found by it from now on."""
         self.apply([Observe(node.name, {"ip": ip}, why)])
 
-    def saw_boot_request(self, node: Node, firmware: str) -> None:
-        """A DHCP DISCOVER from boot firmware (PXE or iPXE).
+    def saw_boot_request(self, node: Node, firmware: str, xid: int | None = None) -> None:
+        """A DHCP DISCOVER from boot firmware (PXE or iPXE), of transaction ``xid``.
 
         It starts a new boot unless the node is still between firmware and script, as
-        when UEFI PXE chain-loads iPXE, which asks again."""
+        when UEFI PXE chain-loads iPXE, which asks again, or it is a retransmission of a
+        DISCOVER this boot has seen (same xid: late, or answered slowly, after the agent's
+        hello it would have replaced the boot and its token)."""
         boot = node.boot
+        again = boot is not None and xid is not None and xid in boot.xids
         fresh = boot is None or Phase.SCRIPT in boot.phases or node.run_state != RunState.BOOTING
-        new: list[Effect] = [NewBoot(node.name, firmware)] if fresh else []
-        self.apply([*new, Mark(node.name, Phase.DHCP_DISCOVER)])
+        new: list[Effect] = [NewBoot(node.name, firmware)] if fresh and not again else []
+        self.apply([*new, Mark(node.name, Phase.DHCP_DISCOVER, xid)])
 
     def mark(self, node: Node, phase: Phase) -> None:
         self.apply([Mark(node.name, phase)])
