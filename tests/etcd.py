@@ -222,22 +222,28 @@ class EtcdCluster:
 
     def wait_reachable(self, netns: Netns, timeout: float = 60) -> None:
         """Until every running member answers from `netns` (a namespace just plugged in: on
-        a busy machine an instance's first contact timed out before it could be made)."""
+        a busy machine an instance's first contact timed out before it could be made).
+        Its /version: no leader, proposal or credentials needed (a test may have turned
+        authentication on)."""
         deadline = time.monotonic() + timeout
-        running = [member for member in self.members if member.running]
-        while True:
-            cmd = ["etcdctl", "--endpoints", ",".join(m.url for m in running),
-                   "--command-timeout=5s", "endpoint", "health"]  # fmt: skip
-            if self.tls is not None:
-                cmd += ["--cacert", str(self.tls.ca), "--cert", str(self.tls.client_cert),
-                        "--key", str(self.tls.client_key)]  # fmt: skip
-            result = netns.run("env", "ETCDCTL_API=3", *cmd, check=False, timeout=30)
-            if result.returncode == 0:
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"etcd members not reachable from {netns.name} within "
-                                     f"{timeout} s: {(result.stdout + result.stderr)[-300:]}")  # fmt: skip
-            time.sleep(0.2)
+        tls = []
+        if self.tls is not None:
+            tls = ["--cacert", str(self.tls.ca), "--cert", str(self.tls.client_cert),
+                   "--key", str(self.tls.client_key)]  # fmt: skip
+        for member in self.members:
+            if not member.running:
+                continue
+            while True:
+                result = netns.run("curl", "-sf", "--max-time", "5", *tls,
+                                   f"{member.url}/version", check=False, timeout=30)  # fmt: skip
+                if result.returncode == 0:
+                    break
+                if time.monotonic() > deadline:
+                    raise AssertionError(
+                        f"etcd member {member.name} not reachable from {netns.name} within "
+                        f"{timeout} s: curl exit {result.returncode} {result.stderr[-300:]}"
+                    )
+                time.sleep(0.2)
 
     def wait_healthy(self, timeout: float = 60) -> None:
         """Until every running member answers a linearizable read (so the cluster has a
