@@ -4,8 +4,7 @@ two NodeStores (and BootPolicies) on two EtcdBackends over a 3-member etcd (test
 from __future__ import annotations
 
 import asyncio
-import itertools
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from ipaddress import IPv4Address
 
@@ -30,25 +29,7 @@ from etcd import EtcdCluster, Instance
 
 pytestmark = pytest.mark.netns
 
-_prefixes = itertools.count()
 NODE, MAC = "cn001", "52:54:00:99:00:11"
-
-
-@pytest.fixture
-def cluster(etcd_cluster: EtcdCluster) -> Iterator[EtcdCluster]:
-    yield etcd_cluster
-    etcd_cluster.heal()
-
-
-@pytest.fixture
-def instance(cluster: EtcdCluster) -> Instance:
-    return cluster.instances[0] if cluster.instances else cluster.add_instance()
-
-
-@pytest.fixture
-def prefix() -> str:
-    """A prefix of the test's own: the module's tests share one cluster."""
-    return f"/lps{next(_prefixes)}"
 
 
 def pooled(make_config, more: str = "") -> Config:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
@@ -15,25 +14,6 @@ from layerpy.cluster.etcd import Etcd
 from etcd import EtcdCluster, Instance
 
 pytestmark = pytest.mark.netns
-
-_prefixes = itertools.count()
-
-
-@pytest.fixture
-def cluster(etcd_cluster: EtcdCluster) -> Iterator[EtcdCluster]:
-    yield etcd_cluster
-    etcd_cluster.heal()
-
-
-@pytest.fixture
-def instance(cluster: EtcdCluster) -> Instance:
-    return cluster.instances[0] if cluster.instances else cluster.add_instance()
-
-
-@pytest.fixture
-def prefix() -> str:
-    """A prefix of the test's own: the module's tests share one cluster."""
-    return f"/lpt{next(_prefixes)}"
 
 
 @asynccontextmanager

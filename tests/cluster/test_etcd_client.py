@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -24,18 +23,6 @@ from layerpy.cluster.etcd import (
 from etcd import EtcdCluster, Instance, make_tls
 
 pytestmark = pytest.mark.netns
-
-
-@pytest.fixture
-def cluster(etcd_cluster: EtcdCluster) -> Iterator[EtcdCluster]:
-    """The module's cluster, made whole again after each test."""
-    yield etcd_cluster
-    etcd_cluster.heal()
-
-
-@pytest.fixture
-def instance(cluster: EtcdCluster) -> Instance:
-    return cluster.instances[0] if cluster.instances else cluster.add_instance()
 
 
 def test_keys_ranges_transactions_and_leases(cluster: EtcdCluster, instance: Instance) -> None:

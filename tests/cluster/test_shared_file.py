@@ -9,7 +9,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -146,17 +146,6 @@ async def until(condition: Callable[[], bool | Awaitable[bool]], what: str) -> N
 async def in_etcd(head: Head, key: str) -> dict[str, object] | None:
     kv = await head.etcd.get(key)
     return None if kv is None else json.loads(kv.value)
-
-
-@pytest.fixture
-def cluster(etcd_cluster: EtcdCluster) -> Iterator[EtcdCluster]:
-    yield etcd_cluster
-    etcd_cluster.heal()
-
-
-@pytest.fixture
-def instance(cluster: EtcdCluster) -> Instance:
-    return cluster.instances[0] if cluster.instances else cluster.add_instance()
 
 
 def test_first_publishes_same_rest_joins_other_rest_is_refused(
