@@ -192,7 +192,10 @@ class Membership:
                     continue
                 except TimeoutError:
                     pass
-            self.on_lease()
+            try:  # the fence must close at its deadline even if a listener fails
+                self.on_lease()
+            except Exception:
+                log.exception("telling of a stale etcd lease failed (the fence is closed)")
             await self._renewed.wait()
 
     def _members_changed(self, keys: set[str]) -> None:
