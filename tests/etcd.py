@@ -114,8 +114,12 @@ class Instance:
     def __init__(self, cluster: EtcdCluster, index: int) -> None:
         self.address = f"{SUBNET}.{101 + index}"
         self.netns = Netns("lpei")
-        cluster.plug(self.netns, "etcd0", f"{self.address}/24")
-        cluster.wait_reachable(self.netns)
+        try:  # not yet among the cluster's instances: closed here if it cannot be used
+            cluster.plug(self.netns, "etcd0", f"{self.address}/24")
+            cluster.wait_reachable(self.netns)
+        except BaseException:
+            self.netns.close()
+            raise
 
     @property
     def name(self) -> str:
