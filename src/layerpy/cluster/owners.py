@@ -24,6 +24,7 @@ from layerpy.cluster.etcd import Compare, Etcd, EtcdError, EtcdUnavailable, Op
 from layerpy.cluster.fence import Fence
 from layerpy.cluster.members import Instance, Membership
 from layerpy.cluster.mirror import Mirror
+from layerpy.hostlist import fold
 
 log = logging.getLogger("layerpy.cluster")
 
@@ -134,7 +135,8 @@ class Owners:
         me, lease = self.members.name.encode(), self.members.clock.lease
         slots = asyncio.Semaphore(IN_FLIGHT)
 
-        async def one(node: str, claiming: bool) -> bool:
+        async def one(node: str, claiming: bool) -> tuple[bool, bool]:
+            """(whether etcd answered, whether the transaction took)."""
             key = self.key_prefix + node
             async with slots:
                 try:
@@ -148,19 +150,21 @@ class Owners:
                         )
                 except (EtcdUnavailable, EtcdError) as error:  # e.g. the lease just expired
                     log.debug("%s %s: %s", "claim" if claiming else "release", node, error)
-                    return False
-            if result.succeeded:
-                log.info("%s %s", "claimed" if claiming else "released", node)
-            return True
+                    return False, False
+            return True, result.succeeded
 
         # stop acting on a node before its key goes: another may claim it the moment it does
         self.fence.set_owned(dict.fromkeys(release))
         claimed = await asyncio.gather(*(one(node, True) for node in claim))
         released = await asyncio.gather(*(one(node, False) for node in release))
-        kept = {node for node, done in zip(release, released, strict=True) if not done}
+        for verb, nodes, results in (("claimed", claim, claimed), ("released", release, released)):
+            took = [node for node, (_, won) in zip(nodes, results, strict=True) if won]
+            if took:  # one line a decision, not one a node (a start claims thousands)
+                log.info("%s %d: %s", verb, len(took), _brief(took))
+        kept = {node for node, (done, _) in zip(release, released, strict=True) if not done}
         if kept:  # releases etcd did not take: the fence as the keys say
             self._owners_changed(kept)
-        return all(claimed) and not kept
+        return all(done for done, _ in claimed) and not kept
 
     async def overview(self) -> dict[str, Any]:
         """Every instance with its health and the nodes it owns, for ``layerpy cluster`` and
@@ -209,3 +213,9 @@ class Owners:
             instances.append(entry)
         unowned = sorted(n for n in self.nodes if n not in owners and not n.startswith(POOL))
         return {"source": source, "instances": instances, "unowned": unowned}
+
+
+def _brief(names: list[str], most: int = 300) -> str:
+    """Node names as a hostlist, cut to ``most`` characters for a log line."""
+    text = fold(names)
+    return text if len(text) <= most else text[: most - 1] + "…"
