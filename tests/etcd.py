@@ -17,10 +17,14 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
+
+from layerpy.cluster.backend import EtcdBackend
+from layerpy.cluster.etcd import Etcd, EtcdUnavailable
 
 from netns import Netns, call_in, sh, unique_name
 
@@ -333,3 +337,27 @@ def make_tls(directory: Path, server_ips: list[str]) -> Tls:
         run("openssl", "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
             "-CAcreateserial", "-days", "2", "-out", f"{name}.crt", "-extfile", f"{name}.ext")  # fmt: skip
     return Tls(*(directory / name for name in ("ca.crt", "server.crt", "server.key", "client.crt", "client.key")))  # fmt: skip
+
+
+async def first_contact(etcd: Etcd, timeout: float = 30) -> None:
+    """etcd.open(), again while the members do not answer yet (a busy machine)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                return await etcd.open()
+            except EtcdUnavailable:
+                await asyncio.sleep(0.2)
+
+
+@asynccontextmanager
+async def backend(cluster: EtcdCluster, name: str, prefix: str) -> AsyncIterator[EtcdBackend]:
+    """An instance's EtcdBackend on the cluster, open for the block."""
+    etcd = Etcd(cluster.endpoints)
+    await first_contact(etcd)
+    opened = EtcdBackend(etcd, name, prefix)
+    try:
+        await opened.open()
+        yield opened
+    finally:
+        await opened.close()
+        await etcd.close()

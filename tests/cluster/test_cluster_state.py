@@ -12,8 +12,7 @@ import pytest
 
 from layerpy.boot import BootPolicy
 from layerpy.catalog import Catalog
-from layerpy.cluster.backend import EtcdBackend
-from layerpy.cluster.etcd import Etcd, EtcdUnavailable
+from layerpy.cluster.etcd import Etcd
 from layerpy.config import Config, load
 from layerpy.images import ImageStore
 from layerpy.lifecycle import Lifecycle
@@ -25,7 +24,7 @@ from layerpy.services.dhcp import DhcpService
 from layerpy.stats import Stats
 
 from dhcp_requests import BIOS, SERVER, request
-from etcd import EtcdCluster, Instance
+from etcd import EtcdCluster, Instance, backend, first_contact
 
 pytestmark = pytest.mark.netns
 
@@ -43,30 +42,6 @@ def pooled(make_config, more: str = "") -> Config:
 @pytest.fixture
 def config(make_config) -> Config:
     return pooled(make_config)
-
-
-async def first_contact(etcd: Etcd, timeout: float = 30) -> None:
-    """etcd.open(), again while a namespace just plugged onto the etcd bridge gets no
-    answer yet (seen as EtcdUnavailable in the module's first test)."""
-    async with asyncio.timeout(timeout):
-        while True:
-            try:
-                return await etcd.open()
-            except EtcdUnavailable:
-                await asyncio.sleep(0.2)
-
-
-@asynccontextmanager
-async def backend(cluster: EtcdCluster, name: str, prefix: str) -> AsyncIterator[EtcdBackend]:
-    etcd = Etcd(cluster.endpoints)
-    await first_contact(etcd)
-    opened = EtcdBackend(etcd, name, prefix)
-    try:
-        await opened.open()
-        yield opened
-    finally:
-        await opened.close()
-        await etcd.close()
 
 
 @asynccontextmanager

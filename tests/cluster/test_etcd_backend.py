@@ -3,30 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import pytest
 
 from layerpy.cluster.backend import EtcdBackend
 from layerpy.cluster.etcd import Etcd
 
-from etcd import EtcdCluster, Instance
+from etcd import EtcdCluster, Instance, backend
 
 pytestmark = pytest.mark.netns
-
-
-@asynccontextmanager
-async def backend(cluster: EtcdCluster, name: str, prefix: str) -> AsyncIterator[EtcdBackend]:
-    etcd = Etcd(cluster.endpoints)
-    await etcd.open()
-    opened = EtcdBackend(etcd, name, prefix)
-    try:
-        await opened.open()
-        yield opened
-    finally:
-        await opened.close()
-        await etcd.close()
 
 
 async def until(condition, what: str, timeout: float = 20) -> None:
