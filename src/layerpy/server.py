@@ -83,8 +83,8 @@ class Server:
         self._reloading = asyncio.Lock()
 
     def _attach(self, cluster: ClusterInstance) -> None:
-        """The cluster told where this instance's pieces hear it: the shared file, the
-        fence, the peers and the owners."""
+        """Tell the cluster where this instance hears it: the shared file's check and
+        apply, the fence, the peers and the owners."""
         cluster.attach(check=self._check_shared, apply=self._apply_shared,
                        fence_changed=self.lifecycle.fence_changed,
                        on_peers=self._set_peers, on_owners=self._show_owners)  # fmt: skip
