@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import signal
@@ -38,53 +37,21 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from cluster_instance import Process, owners  # noqa: E402
 from etcd import EtcdCluster, Instance  # noqa: E402
 from netns import unique_name  # noqa: E402
 from nodefile import BOOT_SECTIONS, write_boot_files  # noqa: E402
 
-INSTANCE = ROOT / "tests" / "cluster_instance.py"
 LAYERPY = ROOT / ".venv" / "bin" / "layerpy"
 KEA_PARTNER_DOWN = 60.0  # s: max-response-delay's default, Kea ARM "High Availability"
 KEA_HEARTBEAT = 10.0  # s: heartbeat-delay's default
-
-
-class Process:
-    """A cluster_instance.py process in a namespace; ``lines`` is what it printed."""
-
-    def __init__(self, where: Instance, log: Path, prefix: str, endpoints: str, *args: str):
-        self.name = args[0] if not args[0].startswith("-") else "observer"
-        self.log = log
-        with log.open("ab") as sink:
-            self.proc = where.netns.popen(
-                [sys.executable, str(INSTANCE), prefix, endpoints, *args],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=sink,
-            )  # fmt: skip
-        self.lines: list[dict[str, Any]] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            self.lines.append(json.loads(raw))
-
-    def go(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(b"go\n")
-        self.proc.stdin.flush()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # `ip netns exec` execs: this is its pid
-        self.proc.wait()
 
 
 def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
@@ -93,14 +60,6 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None
         if time.monotonic() > deadline:
             sys.exit(f"no {what} after {timeout:g} s")
         time.sleep(0.02)
-
-
-def owners(observer: Process) -> dict[str, str]:
-    return (
-        {n: owner for n, (owner, _) in observer.lines[-1]["owners"].items()}
-        if observer.lines
-        else {}
-    )
 
 
 def taken(observer: Process, killed: float, nodes: int, victim: str) -> float:
@@ -118,16 +77,16 @@ def taken(observer: Process, killed: float, nodes: int, victim: str) -> float:
 
 
 def one_failover(
-    cluster: EtcdCluster, places: list[Instance], log: Path, args
+    cluster: EtcdCluster, places: list[Instance], logs: Path, args
 ) -> tuple[float, int]:
     """One run on a fresh prefix: (seconds from the kill to every node owned by the others,
     how many nodes moved)."""
     prefix, endpoints = f"/{unique_name('fo')}", ",".join(cluster.endpoints)
-    observer = Process(places[0], log, prefix, endpoints, "--observe")
+    observer = Process(places[0], logs, prefix, endpoints, "--observe")
     names = [f"i{k}" for k in range(args.instances)]
     given = (str(args.nodes), "--ttl", str(args.ttl))
     instances = [
-        Process(place, log, prefix, endpoints, name, *given)
+        Process(place, logs, prefix, endpoints, name, *given)
         for place, name in zip(places[1:], names, strict=True)
     ]
     try:
@@ -195,7 +154,7 @@ def serve_failovers(cluster: EtcdCluster, places: list[Instance], directory: Pat
     owns nothing: ownership is sticky), so the next run kills the other, which owns all."""
     prefix = f"/{unique_name('fo')}/layerpy/v1"
     endpoints = ",".join(cluster.endpoints)
-    observer = Process(places[0], directory / "observer.log", prefix, endpoints, "--observe")
+    observer = Process(places[0], directory, prefix, endpoints, "--observe")
     heads = [Serve(place, directory / f"head{k}", k, cluster.endpoints, prefix, args)
              for k, place in enumerate(places[1:])]  # fmt: skip
     results = []
@@ -293,7 +252,6 @@ def main() -> None:
     if os.geteuid() != 0:
         sys.exit("run as root: namespaces")
     directory = Path(tempfile.mkdtemp(prefix="layerpy-failover-"))
-    log = directory / "instances.log"
     cluster = EtcdCluster(directory / "etcd")
     results: list[tuple[float, int]] = []
     leaders: list[tuple[float, float]] = []
@@ -301,7 +259,7 @@ def main() -> None:
         places = [cluster.add_instance() for _ in range(args.instances + 1)]
         if args.ownership_only:
             for run in range(args.runs):
-                results.append(one_failover(cluster, places, log, args))
+                results.append(one_failover(cluster, places, directory, args))
                 print(f"  kill {run + 1}: {results[-1][1]} nodes owned by another after "
                       f"{results[-1][0]:.2f} s", flush=True)  # fmt: skip
         else:

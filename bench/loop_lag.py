@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from layerpy.config import load
-from layerpy.server import Server
+from layerpy.server import Server, local_backend
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
@@ -44,7 +44,7 @@ def node_file(directory: Path, nodes: int) -> Path:
 async def measure(path: Path, seconds: float) -> dict[str, float]:
     started = time.perf_counter()
     config = load(path)
-    server = Server(config)
+    server = Server(config, local_backend(config))
     work = asyncio.create_task(server.watch())
     engine = server.lifecycle.engine
     while engine.stats()["converged"] < len(config.nodes):

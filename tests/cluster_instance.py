@@ -11,6 +11,8 @@ changes, an instance prints one JSON line: {"t0", "t1": wall times before and af
 its fence, "fresh": its lease known fresh, "allows": [nodes its fence allows]}. An observer
 reads the owner keys each 50 ms and prints {"t0", "t1", "owners": {node: [owner, version]},
 "live": [registered instances]} (nothing while etcd does not answer). Log lines go to stderr.
+
+``Process`` runs it for the ownership tests and bench/failover.py.
 """
 
 from __future__ import annotations
@@ -20,13 +22,71 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import signal
+import subprocess
 import sys
+import threading
 import time
 from ipaddress import IPv4Address
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from layerpy.cluster.etcd import Etcd, EtcdUnavailable
 from layerpy.cluster.members import Membership
 from layerpy.cluster.owners import Owners
+
+if TYPE_CHECKING:
+    from etcd import Instance
+
+
+SCRIPT = str(Path(__file__).resolve())
+
+
+class Process:
+    """This script as a process in an instance namespace of the etcd fixture: ``lines`` is
+    what it printed, as it comes; its log goes to ``logs``/NAME.log (appended)."""
+
+    def __init__(self, where: Instance, logs: Path, prefix: str, endpoints: str, *args: str):
+        self.ns = where
+        self.name = args[0] if args and not args[0].startswith("-") else "observer"
+        self.prefix = prefix
+        self.stderr = logs / f"{self.name}.log"
+        with self.stderr.open("ab") as sink:
+            self.proc = where.netns.popen(
+                [sys.executable, SCRIPT, prefix, endpoints, *args],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=sink,
+            )  # fmt: skip
+        self.lines: list[dict[str, Any]] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            self.lines.append(json.loads(raw))
+
+    def go(self) -> None:
+        """Give the instance its nodes."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"go\n")
+        self.proc.stdin.flush()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # `ip netns exec` execs: this is its pid
+        self.proc.wait()
+
+    def log(self) -> str:
+        return self.stderr.read_text(errors="replace")
+
+
+def owners(observer: Process) -> dict[str, str]:
+    """node → owner, as the observer last read the owner keys."""
+    return (
+        {node: owner for node, (owner, _) in observer.lines[-1]["owners"].items()}
+        if observer.lines
+        else {}
+    )
 
 
 async def main() -> None:

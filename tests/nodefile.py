@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 BOOT_SECTIONS = """\
@@ -22,6 +24,39 @@ def write_boot_files(directory: Path) -> None:
     (directory / "ipxe").mkdir(exist_ok=True)
     for name in ("undionly.kpxe", "snponly.efi"):
         (directory / "ipxe" / name).write_bytes(b"\x90" * 3000)
+
+
+@dataclass(frozen=True)
+class InstanceFile:
+    """A cluster instance's folder (the boot files in it) and its node file: ``tables``,
+    its own [server] and [cluster], then the cluster's rest."""
+
+    folder: Path
+    tables: str
+
+    @property
+    def path(self) -> Path:
+        return self.folder / "nodes.toml"
+
+    def text(self, rest: str) -> str:
+        """This instance's node file with ``rest`` as the cluster's part."""
+        return self.tables + rest
+
+
+def instance_file(folder: Path, name: str, server: str, endpoints: Sequence[str], prefix: str,
+                  rest: str, cluster: str = "") -> InstanceFile:  # fmt: skip
+    """``folder`` made and its node file written: [server] of the lines ``server``,
+    [cluster] on ``endpoints`` as ``name`` under ``prefix`` (and the lines ``cluster``)."""
+    folder.mkdir(exist_ok=True)
+    write_boot_files(folder)
+    members = ", ".join(f'"{url}"' for url in endpoints)
+    tables = (
+        f"[server]\n{server}\n"
+        f'[cluster]\netcd = [{members}]\nname = "{name}"\nprefix = "{prefix}"\n{cluster}\n'
+    )
+    made = InstanceFile(folder, tables)
+    made.path.write_text(made.text(rest))
+    return made
 
 
 GROUP = 25_000  # nodes per group of a big node file: 100 /24s of 250 addresses

@@ -23,7 +23,7 @@ from layerpy.config import Config
 from layerpy.logs import Throttle
 from layerpy.model import Node, Phase
 from layerpy.nodes import DISCOVERY, Ack, NodeStore
-from layerpy.nodes.backend import CLIENTS, LEASES, Record
+from layerpy.nodes.backend import CLIENTS, LEASES, Backend, Record
 from layerpy.proto.agent import Cmdline
 from layerpy.proto.dhcp import ANY, DISCOVER, OPT_VENDOR_CLASS, DhcpPacket, Offer
 from layerpy.proto.dhcp_server import Action, Effect, Grant
@@ -156,11 +156,14 @@ class BootPolicy:
     """The :class:`Booter` of ``layerpy serve``: the node file, the node store and the
     discovery pool decide what each machine boots."""
 
-    def __init__(self, nodes: NodeStore, pool_gate: Callable[[], bool] | None = None) -> None:
-        """``pool_gate``: whether this instance answers unknown machines from the discovery
+    def __init__(
+        self, nodes: NodeStore, backend: Backend, pool_gate: Callable[[], bool] | None = None
+    ) -> None:
+        """``backend``: where the discovery pool's leases are kept (the store's).
+        ``pool_gate``: whether this instance answers unknown machines from the discovery
         pool now (a cluster: only the segment's pool holder does; None: always)."""
         self.nodes = nodes
-        self.backend = nodes.backend
+        self.backend = backend
         self.pool_gate = pool_gate
         self._shared = self.backend.instance is not None  # a cluster's pool, in etcd
         # a cluster: the lease and client records this instance's decisions assume, and

@@ -31,6 +31,7 @@ from layerpy.host import StartRefused
 from layerpy.images import ImageStore
 from layerpy.lifecycle import Lifecycle
 from layerpy.nodes import NodeStore
+from layerpy.nodes.backend import Backend, LocalJournal
 from layerpy.nodes.effects import Observe
 from layerpy.nodes.store import FileChange, compare
 from layerpy.notify import notify, reloading
@@ -53,28 +54,26 @@ class Server:
     nodes it owns only."""
 
     def __init__(
-        self, config: Config, *, state_dir: Path | None = None,
+        self, config: Config, backend: Backend, *, state_dir: Path | None = None,
         cluster: ClusterInstance | None = None,
     ) -> None:  # fmt: skip
+        """``backend``: where the store keeps what outlives a restart (``local_backend``,
+        or the cluster's)."""
         self.state_dir = state_dir
         self.cluster = cluster
         config = self._with_overrides(config)
-        _private_directory(config.server.state_dir)  # before anything makes it, 0755
         self.stats = Stats()
-        self.nodes = NodeStore(config, backend=cluster.backend if cluster else None)
+        self.nodes = NodeStore(config, backend)  # what it writes, it writes 0700 (journal)
+        _private_directory(config.server.state_dir)  # before the image store makes it, 0755
         images = ImageStore(config.server.state_dir / "images")
         self.catalog = Catalog(images, self.nodes.feed, self.stats)
         self.lifecycle = Lifecycle(self.nodes, self.catalog, config.server.power_poll, self.stats,
                                    fence=cluster.fence if cluster else None)  # fmt: skip
-        self.stats.watch_nodes(functools.partial(census.count, self.lifecycle))
-        self.policy = BootPolicy(self.nodes, pool_gate=cluster.holds_pool if cluster else None)
+        self.policy = BootPolicy(self.nodes, backend,
+                                 pool_gate=cluster.holds_pool if cluster else None)  # fmt: skip
         if cluster is not None:
-            cluster.attach(check=self._check_shared, apply=self._apply_shared,
-                           fence_changed=self.lifecycle.fence_changed,
-                           on_peers=self._set_peers, on_owners=self._show_owners)  # fmt: skip
-            self.policy.owner_url = cluster.owner_url
-            self.stats.registry.register(cluster.metrics())
-            self._show_owners(dict.fromkeys(self.nodes.nodes), quiet=True)  # none yet: not news
+            self._attach(cluster)
+        self.stats.watch_nodes(functools.partial(census.count, self.lifecycle))
         self.plan = budget.plan(budget.raise_limit())  # what each subsystem may hold
         self.consoles = Consoles(config.server.state_dir / "consoles", self.nodes.saw_console,
                                  most=self.plan.consoles)  # fmt: skip
@@ -82,6 +81,16 @@ class Server:
         self._runners: list[web.AppRunner] = []
         self._neighbours: Neighbours | None = None  # other DHCP servers on the segment
         self._reloading = asyncio.Lock()
+
+    def _attach(self, cluster: ClusterInstance) -> None:
+        """Tell the cluster where this instance hears it: the shared file's check and
+        apply, the fence, the peers and the owners."""
+        cluster.attach(check=self._check_shared, apply=self._apply_shared,
+                       fence_changed=self.lifecycle.fence_changed,
+                       on_peers=self._set_peers, on_owners=self._show_owners)  # fmt: skip
+        self.policy.owner_url = cluster.owner_url
+        self.stats.registry.register(cluster.metrics())
+        self._show_owners(dict.fromkeys(self.nodes.nodes), quiet=True)  # none yet: not news
 
     @property
     def config(self) -> Config:
@@ -397,6 +406,12 @@ def _settle_heap() -> None:
     gc.freeze()
 
 
+def local_backend(config: Config, state_dir: Path | None = None) -> LocalJournal:
+    """A single server's store keeps its records in the state directory's journals
+    (``state_dir`` overrides the file's)."""
+    return LocalJournal(state_dir or config.server.state_dir)
+
+
 def _private_directory(path: Path) -> None:
     """The state directory holds tokens: its owner's alone (0700)."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -439,7 +454,8 @@ async def serve(config: Config, *, state_dir: Path | None = None) -> None:
         config = cluster.config
     try:
         with collector_paused():
-            server = Server(config, state_dir=state_dir, cluster=cluster)
+            backend = cluster.backend if cluster else local_backend(config, state_dir)
+            server = Server(config, backend, state_dir=state_dir, cluster=cluster)
     except BaseException:
         if cluster is not None:
             await cluster.close()

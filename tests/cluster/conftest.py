@@ -1,14 +1,17 @@
 """What the real-etcd tests share: the module's 3-member cluster (``etcd_cluster``, one per
-module) made whole after each test, its first instance namespace, and a key prefix per test."""
+module) made whole after each test, its first instance namespace, a key prefix per test,
+and instances' node files on them."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from etcd import EtcdCluster, Instance
+from nodefile import InstanceFile, instance_file
 
 _prefixes = itertools.count()
 
@@ -29,3 +32,16 @@ def instance(cluster: EtcdCluster) -> Instance:
 def prefix() -> str:
     """A prefix of the test's own: the module's tests share one cluster."""
     return f"/lpt{next(_prefixes)}"
+
+
+@pytest.fixture
+def instance_files(
+    cluster: EtcdCluster, prefix: str, tmp_path: Path
+) -> Callable[..., InstanceFile]:
+    """``make(name, server, rest)``: an instance's folder under the test's and its node file
+    on the module's cluster and the test's prefix (``server``: its [server] table's lines)."""
+
+    def make(name: str, server: str, rest: str) -> InstanceFile:
+        return instance_file(tmp_path / name, name, server, cluster.endpoints, prefix, rest)
+
+    return make

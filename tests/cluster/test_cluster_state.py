@@ -234,7 +234,7 @@ class Wire:
     commits a pool lease is sent once its transaction is kept, by a task of the service)."""
 
     def __init__(self, store: NodeStore, gate=None) -> None:
-        self.policy = BootPolicy(store, pool_gate=gate)
+        self.policy = BootPolicy(store, store.backend, pool_gate=gate)
         self.service = DhcpService(self.policy, SERVER, Stats(), False, send=self._send)
         self.sent: list[dhcp.DhcpPacket] = []
 

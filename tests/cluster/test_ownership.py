@@ -12,12 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
-import os
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,51 +24,15 @@ from layerpy.cluster.etcd import Etcd
 from layerpy.cluster.members import Membership
 from layerpy.cluster.owners import Owners
 
+from cluster_instance import Process, owners
 from etcd import EtcdCluster
 from netns import unique_name
 
 pytestmark = pytest.mark.netns
 
-SCRIPT = Path(__file__).parent.parent / "cluster_instance.py"
 TTL = 5
 NODES = 30
 TAKEOVER = 10.0  # seconds (issue 27)
-
-
-class Process:
-    """A cluster_instance.py process; ``lines`` is what it printed, as it comes."""
-
-    def __init__(self, cluster: EtcdCluster, tmp: Path, prefix: str, *args: str) -> None:
-        self.ns = cluster.add_instance()
-        self.name = args[0] if args and not args[0].startswith("-") else "observer"
-        self.stderr = tmp / f"{self.name}.log"
-        endpoints = ",".join(cluster.endpoints)
-        with self.stderr.open("wb") as log:
-            self.proc = self.ns.netns.popen(
-                [sys.executable, str(SCRIPT), prefix, endpoints, *args],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-            )  # fmt: skip
-        self.prefix = prefix
-        self.lines: list[dict[str, Any]] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            self.lines.append(json.loads(raw))
-
-    def go(self) -> None:
-        """Give the instance its nodes."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(b"go\n")
-        self.proc.stdin.flush()
-
-    def kill(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)  # `ip netns exec` execs: this is its pid
-        self.proc.wait()
-
-    def log(self) -> str:
-        return self.stderr.read_text(errors="replace")
 
 
 def wait_for(condition: Callable[[], object], timeout: float, what: str, *logs: Process) -> None:
@@ -94,7 +52,8 @@ def run(etcd_cluster: EtcdCluster, tmp_path: Path) -> Iterator[Callable[..., Pro
     started: list[Process] = []
 
     def start(*args: str) -> Process:
-        process = Process(etcd_cluster, tmp_path, prefix, *args)
+        endpoints = ",".join(etcd_cluster.endpoints)
+        process = Process(etcd_cluster.add_instance(), tmp_path, prefix, endpoints, *args)
         started.append(process)
         return process
 
@@ -115,15 +74,6 @@ def start(run: Callable[..., Process], *names: str, **segments: str) -> list[Pro
     for instance in instances:
         instance.go()
     return instances
-
-
-def owners(observer: Process) -> dict[str, str]:
-    """The owner keys as last read."""
-    return (
-        {node: owner for node, (owner, _) in observer.lines[-1]["owners"].items()}
-        if (observer.lines)
-        else {}
-    )
 
 
 def all_owned(observer: Process, by: set[str] | None = None) -> bool:

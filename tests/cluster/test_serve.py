@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from layerpy.proto.agent import PROTOCOL
 
 from etcd import EtcdCluster, Instance
 from netns import Netns
-from nodefile import BOOT_SECTIONS, write_boot_files
+from nodefile import BOOT_SECTIONS, InstanceFile
 
 LAYERPY = Path(sys.executable).parent / "layerpy"
 SEGMENT = "10.66.0"
@@ -47,25 +46,19 @@ bmc = {{ driver = "none" }}
 """
 
 
+def own_server(address: str) -> str:
+    """An instance's [server] table: its address on the boot segment."""
+    return (f'interface = "boot0"\naddress = "{address}"\nstate_dir = "state"\nheartbeat = 2\n'
+            f'dhcp = "off"\n')  # fmt: skip
+
+
 class Head:
     """One ``layerpy serve`` instance: its folder, node file, namespace and process."""
 
-    def __init__(self, tmp_path: Path, instance: Instance, index: int, endpoints: list[str],
-                 prefix: str, rest: str = REST) -> None:  # fmt: skip
-        self.name = f"head{index + 1}"
-        self.instance = instance
-        self.folder = tmp_path / self.name
-        self.folder.mkdir()
-        write_boot_files(self.folder)
-        self.address = f"{SEGMENT}.{index + 1}"
-        self.path = self.folder / "nodes.toml"
-        members = ", ".join(f'"{url}"' for url in endpoints)
-        self.own = (
-            f'[server]\ninterface = "boot0"\naddress = "{self.address}"\nstate_dir = "state"\n'
-            f'heartbeat = 2\ndhcp = "off"\n\n'
-            f'[cluster]\netcd = [{members}]\nname = "{self.name}"\nprefix = "{prefix}"\n\n'
-        )
-        self.path.write_text(self.own + rest)
+    def __init__(self, file: InstanceFile, instance: Instance, address: str) -> None:
+        self.file, self.instance, self.address = file, instance, address
+        self.name = file.folder.name
+        self.folder, self.path = file.folder, file.path
         self.log = self.folder / "serve.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.segment: Netns | None = None  # the boot segment's namespace (the nodes')
@@ -136,9 +129,9 @@ class Head:
 
 
 @contextlib.contextmanager
-def heads(etcd_cluster: EtcdCluster, tmp_path: Path, count: int) -> Iterator[list[Head]]:
-    """``count`` instances on one boot segment and a prefix of their own, not started."""
-    prefix = f"/t-{uuid.uuid4().hex[:8]}/layerpy/v1"
+def heads(cluster: EtcdCluster, files: Callable[..., InstanceFile], count: int
+          ) -> Iterator[list[Head]]:  # fmt: skip
+    """``count`` instances on one boot segment and the test's prefix, not started."""
     segment = Netns("lpes")
     made: list[Head] = []
     try:
@@ -147,12 +140,13 @@ def heads(etcd_cluster: EtcdCluster, tmp_path: Path, count: int) -> Iterator[lis
         for node in range(len(NODES)):  # the nodes' addresses, for their agents' reports
             segment.run("ip", "addr", "add", f"{SEGMENT}.{11 + node}/24", "dev", "seg0")
         for index in range(count):
-            instance = etcd_cluster.add_instance()
-            head = Head(tmp_path, instance, index, etcd_cluster.endpoints, prefix)
+            instance = cluster.add_instance()
+            address = f"{SEGMENT}.{index + 1}"
+            head = Head(files(f"head{index + 1}", own_server(address), REST), instance, address)
             instance.connect(segment.name, "seg0", "boot0", f"{head.address}/24")
             made.append(head)
             # its links up before an instance runs there (it gives etcd 20 s, then refuses)
-            until(functools.partial(reaches, instance, etcd_cluster.endpoints[0]),
+            until(functools.partial(reaches, instance, cluster.endpoints[0]),
                   f"{instance.address} reaching etcd")  # fmt: skip
         for head in made:
             head.segment = segment
@@ -161,6 +155,23 @@ def heads(etcd_cluster: EtcdCluster, tmp_path: Path, count: int) -> Iterator[lis
         for head in made:
             head.stop(signal.SIGKILL)
         segment.close()
+
+
+@pytest.fixture
+def pair(cluster: EtcdCluster, instance_files: Callable[..., InstanceFile]
+         ) -> Iterator[tuple[Head, Head]]:  # fmt: skip
+    """Two instances serving, every node owned as both see it."""
+    with heads(cluster, instance_files, 2) as (one, two):
+        started(one, two)
+        both = {one.name, two.name}
+        until(lambda: all_owned(one, both) and all_owned(two, both),
+              "every node owned, as both instances see it", logs=(one, two))  # fmt: skip
+        yield one, two
+
+
+def owning(one: Head, two: Head) -> None:
+    """Wait until head1 owns nodes too (a kill or a cut of it then moves some)."""
+    until(lambda: one.name in two.owners().values(), f"{one.name} owning nodes", logs=(one, two))
 
 
 def reaches(instance: Instance, url: str) -> bool:
@@ -193,16 +204,16 @@ def all_owned(head: Head, by: set[str]) -> bool:
 
 
 def test_two_instances_share_one_file_and_a_third_that_differs_does_not_start(
-    etcd_cluster: EtcdCluster, tmp_path: Path
+    cluster: EtcdCluster, instance_files: Callable[..., InstanceFile]
 ) -> None:
-    with heads(etcd_cluster, tmp_path, 3) as (one, two, three):
+    with heads(cluster, instance_files, 3) as (one, two, three):
         started(one, two)
         both = {one.name, two.name}
         until(lambda: all_owned(one, both) and all_owned(two, both),
               "every node owned, as both instances see it", logs=(one, two))  # fmt: skip
         assert one.owners() == two.owners()
-        three.path.write_text(three.own + REST.replace('gateway = "10.66.0.1"',
-                                                       'gateway = "10.66.0.2"'))  # fmt: skip
+        other = REST.replace('gateway = "10.66.0.1"', 'gateway = "10.66.0.2"')
+        three.path.write_text(three.file.text(other))
         three.start()
         assert three.proc is not None
         assert three.proc.wait(WAIT) != 0
@@ -212,13 +223,13 @@ def test_two_instances_share_one_file_and_a_third_that_differs_does_not_start(
 
 
 def test_a_reload_on_one_instance_applies_on_both(
-    etcd_cluster: EtcdCluster, tmp_path: Path
+    cluster: EtcdCluster, instance_files: Callable[..., InstanceFile]
 ) -> None:
-    with heads(etcd_cluster, tmp_path, 2) as (one, two):
+    with heads(cluster, instance_files, 2) as (one, two):
         started(one, two)
         edited = REST + f'\n[nodes.cn007]\nip = "{SEGMENT}.17"\nmac = "52:54:00:66:00:17"\n'
         # the same rest on both hosts (the operator copies it), reloaded on one
-        one.path.write_text(one.own + edited)
+        one.path.write_text(one.file.text(edited))
         result = one.cli("reload")
         assert result.returncode == 0, result.stdout + result.stderr
         for head in (one, two):
@@ -229,7 +240,7 @@ def test_a_reload_on_one_instance_applies_on_both(
         # a file the other refuses (a path only one host has) changes nothing anywhere
         missing = edited.replace('kernel = "vmlinuz"', 'kernel = "vmlinuz-new"')
         (one.folder / "vmlinuz-new").write_bytes(b"k" * 1000)
-        one.path.write_text(one.own + missing)
+        one.path.write_text(one.file.text(missing))
         refused = one.cli("reload")
         assert refused.returncode != 0
         assert "head2 refused it" in refused.stdout + refused.stderr, refused
@@ -237,120 +248,99 @@ def test_a_reload_on_one_instance_applies_on_both(
 
 
 def test_status_and_cluster_through_either_show_every_node_with_its_owner(
-    etcd_cluster: EtcdCluster, tmp_path: Path
+    pair: tuple[Head, Head],
 ) -> None:
-    with heads(etcd_cluster, tmp_path, 2) as (one, two):
-        started(one, two)
-        both = {one.name, two.name}
-        until(lambda: all_owned(one, both), "every node owned", logs=(one, two))
-        owners = one.owners()
+    one, two = pair
+    both = {one.name, two.name}
+    owners = one.owners()
+    for head in (one, two):
+        nodes = head.json("/api/v1/nodes")
+        assert {node["name"]: node["owner"] for node in nodes} == owners
+        shown = head.cli("cluster")
+        assert shown.returncode == 0, shown.stderr
+        assert one.name in shown.stdout and two.name in shown.stdout
+        status = head.cli("status")
+        assert status.returncode == 0, status.stderr
+        assert "owner" in status.stdout
+        for node, owner in owners.items():
+            line = next(row for row in status.stdout.splitlines() if node in row)
+            assert owner in line, (node, owner, status.stdout)
+        metrics = head.call("/metrics")[1]
+        for name in both:
+            count = sum(owner == name for owner in owners.values())
+            assert f'layerpy_cluster_owned_nodes{{instance="{name}"}} {count}.0' in metrics
+        assert "layerpy_cluster_fence_open 1.0" in metrics
+
+
+def test_an_agent_is_told_its_owner_first_by_either_instance(pair: tuple[Head, Head]) -> None:
+    one, two = pair
+    url = {one.name: f"http://{one.address}:8080", two.name: f"http://{two.address}:8080"}
+    owners = one.owners()
+    for index, node in enumerate(NODES, 1):
         for head in (one, two):
-            nodes = head.json("/api/v1/nodes")
-            assert {node["name"]: node["owner"] for node in nodes} == owners
-            shown = head.cli("cluster")
-            assert shown.returncode == 0, shown.stderr
-            assert one.name in shown.stdout and two.name in shown.stdout
-            status = head.cli("status")
-            assert status.returncode == 0, status.stderr
-            assert "owner" in status.stdout
-            for node, owner in owners.items():
-                line = next(row for row in status.stdout.splitlines() if node in row)
-                assert owner in line, (node, owner, status.stdout)
-            metrics = head.call("/metrics")[1]
-            for name in both:
-                count = sum(owner == name for owner in owners.values())
-                assert f'layerpy_cluster_owned_nodes{{instance="{name}"}} {count}.0' in metrics
-            assert "layerpy_cluster_fence_open 1.0" in metrics
-
-
-def test_an_agent_is_told_its_owner_first_by_either_instance(
-    etcd_cluster: EtcdCluster, tmp_path: Path
-) -> None:
-    with heads(etcd_cluster, tmp_path, 2) as (one, two):
-        started(one, two)
-        both = {one.name, two.name}
-        until(lambda: all_owned(one, both) and all_owned(two, both), "every node owned",
-              logs=(one, two))  # fmt: skip
-        url = {one.name: f"http://{one.address}:8080", two.name: f"http://{two.address}:8080"}
-        owners = one.owners()
-        for index, node in enumerate(NODES, 1):
-            for head in (one, two):
-                cmdline, answer = head.boot(index)
-                for servers in (cmdline, answer.get("servers", answer)):
-                    assert servers[0] == url[owners[node]], (node, head.name, servers)
-                    assert sorted(servers) == sorted(url.values())
+            cmdline, answer = head.boot(index)
+            for servers in (cmdline, answer.get("servers", answer)):
+                assert servers[0] == url[owners[node]], (node, head.name, servers)
+                assert sorted(servers) == sorted(url.values())
 
 
 def test_a_killed_instances_nodes_are_taken_over_within_ten_seconds(
-    etcd_cluster: EtcdCluster, tmp_path: Path
+    pair: tuple[Head, Head],
 ) -> None:
-    with heads(etcd_cluster, tmp_path, 2) as (one, two):
-        started(one, two)
-        both = {one.name, two.name}
-        until(lambda: all_owned(two, both) and one.name in two.owners().values(),
-              "both instances owning nodes", logs=(one, two))  # fmt: skip
-        one.stop(signal.SIGKILL)
-        took = until(lambda: all_owned(two, {two.name}), "head2 owning every node",
-                     timeout=TAKEOVER, logs=(two,))  # fmt: skip
-        print(f"take-over after kill -9: {took:.1f} s")
-        until(lambda: {node["owner"] for node in two.json("/api/v1/nodes")} == {two.name},
-              "head2's node list naming it the owner of every node", logs=(two,))  # fmt: skip
-        shown = two.json("/api/v1/cluster")
-        assert [i["name"] for i in shown["instances"] if i["alive"]] == [two.name]
-        text = two.cli("cluster").stdout
-        assert "gone" in text, text
+    one, two = pair
+    owning(one, two)
+    one.stop(signal.SIGKILL)
+    took = until(lambda: all_owned(two, {two.name}), "head2 owning every node",
+                 timeout=TAKEOVER, logs=(two,))  # fmt: skip
+    print(f"take-over after kill -9: {took:.1f} s")
+    until(lambda: {node["owner"] for node in two.json("/api/v1/nodes")} == {two.name},
+          "head2's node list naming it the owner of every node", logs=(two,))  # fmt: skip
+    shown = two.json("/api/v1/cluster")
+    assert [i["name"] for i in shown["instances"] if i["alive"]] == [two.name]
+    text = two.cli("cluster").stdout
+    assert "gone" in text, text
 
 
-def test_a_clean_stop_hands_the_nodes_over_at_once(
-    etcd_cluster: EtcdCluster, tmp_path: Path
-) -> None:
-    with heads(etcd_cluster, tmp_path, 2) as (one, two):
-        started(one, two)
-        both = {one.name, two.name}
-        until(lambda: all_owned(two, both) and one.name in two.owners().values(),
-              "both instances owning nodes", logs=(one, two))  # fmt: skip
-        stopping = time.monotonic()
-        one.stop()
-        until(lambda: all_owned(two, {two.name}), "head2 owning every node", timeout=4.0,
-              logs=(one, two))  # fmt: skip
-        print(f"hand-over after a clean stop: {time.monotonic() - stopping:.1f} s")
-        assert "could not revoke" not in one.log.read_text()
+def test_a_clean_stop_hands_the_nodes_over_at_once(pair: tuple[Head, Head]) -> None:
+    one, two = pair
+    owning(one, two)
+    stopping = time.monotonic()
+    one.stop()
+    until(lambda: all_owned(two, {two.name}), "head2 owning every node", timeout=4.0,
+          logs=(one, two))  # fmt: skip
+    print(f"hand-over after a clean stop: {time.monotonic() - stopping:.1f} s")
+    assert "could not revoke" not in one.log.read_text()
 
 
-def test_an_instance_cut_off_from_etcd_stops_acting_and_says_so(
-    etcd_cluster: EtcdCluster, tmp_path: Path
-) -> None:
-    with heads(etcd_cluster, tmp_path, 2) as (one, two):
-        started(one, two)
-        both = {one.name, two.name}
-        until(lambda: all_owned(two, both) and one.name in two.owners().values(),
-              "both instances owning nodes", logs=(one, two))  # fmt: skip
-        node = next(node for node, owner in two.owners().items() if owner == one.name)
-        one.instance.cut()
-        try:
-            closed = until(lambda: "layerpy_cluster_fence_open 0.0" in one.call("/metrics")[1],
-                           "head1's fence closed", logs=(one,))  # fmt: skip
-            print(f"fence closed {closed:.1f} s after the cut")
-            shown = one.cli("cluster")
-            assert "lost etcd: not acting" in shown.stdout, shown.stdout + shown.stderr
-            off = json.dumps({"nodes": node, "action": "off"})
-            code, body = one.call("/api/v1/power", "-X", "POST", "-H",
-                                  "Content-Type: application/json", "--data", off)  # fmt: skip
-            assert code == 200, body
-            until(lambda: "lost etcd" in str(one.json(f"/api/v1/nodes/{node}/explain")["held"]),
-                  f"explain of {node} on head1 saying it is held", logs=(one,))  # fmt: skip
-            until(lambda: all_owned(two, {two.name}), "head2 owning every node",
-                  timeout=TAKEOVER, logs=(two,))  # fmt: skip
-        finally:
-            one.instance.restore(check=False)
+def test_an_instance_cut_off_from_etcd_stops_acting_and_says_so(pair: tuple[Head, Head]) -> None:
+    one, two = pair
+    owning(one, two)
+    node = next(node for node, owner in two.owners().items() if owner == one.name)
+    one.instance.cut()
+    try:
+        closed = until(lambda: "layerpy_cluster_fence_open 0.0" in one.call("/metrics")[1],
+                       "head1's fence closed", logs=(one,))  # fmt: skip
+        print(f"fence closed {closed:.1f} s after the cut")
+        shown = one.cli("cluster")
+        assert "lost etcd: not acting" in shown.stdout, shown.stdout + shown.stderr
+        off = json.dumps({"nodes": node, "action": "off"})
+        code, body = one.call("/api/v1/power", "-X", "POST", "-H",
+                              "Content-Type: application/json", "--data", off)  # fmt: skip
+        assert code == 200, body
+        until(lambda: "lost etcd" in str(one.json(f"/api/v1/nodes/{node}/explain")["held"]),
+              f"explain of {node} on head1 saying it is held", logs=(one,))  # fmt: skip
+        until(lambda: all_owned(two, {two.name}), "head2 owning every node",
+              timeout=TAKEOVER, logs=(two,))  # fmt: skip
+    finally:
+        one.instance.restore(check=False)
 
 
 def test_an_instance_that_reaches_no_etcd_member_does_not_start(
-    etcd_cluster: EtcdCluster, tmp_path: Path
+    cluster: EtcdCluster, instance_files: Callable[..., InstanceFile]
 ) -> None:
-    with heads(etcd_cluster, tmp_path, 1) as (one,):
+    with heads(cluster, instance_files, 1) as (one,):
         one.path.write_text(one.path.read_text().replace(
-            ", ".join(f'"{url}"' for url in etcd_cluster.endpoints), '"http://10.79.0.250:2379"'
+            ", ".join(f'"{url}"' for url in cluster.endpoints), '"http://10.79.0.250:2379"'
         ))  # fmt: skip
         one.start()
         assert one.proc is not None

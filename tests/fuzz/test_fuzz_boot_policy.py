@@ -16,9 +16,8 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from layerpy.boot import BootPolicy, Verdict
+from layerpy.boot import Verdict
 from layerpy.config import Config, load
-from layerpy.nodes import NodeStore
 from layerpy.proto import dhcp
 from layerpy.proto.dhcp_server import Decision
 from layerpy.proto.proxy_dhcp import BOOT_SERVER_PORT
@@ -28,6 +27,7 @@ from layerpy.stats import Stats
 from clock import Clock
 from fuzzing import FUZZ, NODE_MACS, RELAY, SERVER, any_datagram, clients
 from nodefile import BOOT_SECTIONS, write_boot_files
+from stores import local_policy
 
 NODE_FILE = """\
 [server]
@@ -87,7 +87,7 @@ def fresh_service(config: Config, state_dir: Path, port: int) -> DhcpService:
     from the same state, so a failure replays and shrinks."""
     server = dataclasses.replace(config.server, state_dir=state_dir)
     config = dataclasses.replace(config, server=server)
-    policy = BootPolicy(NodeStore(config, clock=Clock()))
+    policy = local_policy(config, clock=Clock())
     proxy = config.server.dhcp == "proxy"
     return DhcpService(policy, IPv4Address(SERVER), Stats(), False, port=port, proxy=proxy)
 

@@ -29,7 +29,7 @@ from layerpy import hostlist
 from layerpy.auth import Scope, Tokens
 from layerpy.config import load
 from layerpy.nodes.feed import Change
-from layerpy.server import Server
+from layerpy.server import Server, local_backend
 from layerpy.services.api import BODY_LIMIT, POWER_ACTIONS, build_api
 from layerpy.services.live import SHOWN_EXPANSION, _shown
 from layerpy.services.pieces import PIECE, json_answer
@@ -50,7 +50,8 @@ Run = Callable[[str, str, bytes | None], int]  # method, path, body: the status
 async def operator_api(path: Path) -> AsyncIterator[tuple[web.Application, TestClient]]:
     """The operator API of a server on this node file (its listeners not started: nothing
     on the network), with a client that sends an admin token."""
-    server = Server(load(path))
+    config = load(path)
+    server = Server(config, local_backend(config))
     gc.collect()  # the node file's objects out of the collector's way, as serve() puts them
     gc.freeze()
     secret = Tokens(server.config.server.state_dir).create("fuzz", Scope.ADMIN)

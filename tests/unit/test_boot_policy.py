@@ -10,7 +10,7 @@ from ipaddress import IPv4Address
 import pytest
 
 from layerpy import logs
-from layerpy.boot import DISCOVERY_LEASE, PER_PORT, BootPolicy, firmware_of
+from layerpy.boot import DISCOVERY_LEASE, PER_PORT, firmware_of
 from layerpy.config import load
 from layerpy.logs import BURST
 from layerpy.model import RunState
@@ -36,10 +36,11 @@ from dhcp_requests import (
     ZERO,
     request,
 )
+from stores import local_policy
 
 
 def make_service(config, clock: Clock | None = None) -> DhcpService:
-    policy = BootPolicy(NodeStore(config, clock=clock or Clock()))
+    policy = local_policy(config, clock=clock or Clock())
     return DhcpService(policy, SERVER, Stats(), log_requests=False)
 
 
@@ -462,7 +463,7 @@ def test_the_journal_is_rewritten_when_mostly_dead_and_skips_a_torn_line(
 
 
 def test_a_reply_the_kernel_refuses_is_counted_as_dropped(make_config) -> None:
-    policy = BootPolicy(NodeStore(make_config(), clock=Clock()))
+    policy = local_policy(make_config(), clock=Clock())
     sent: list[tuple[bytes, tuple[str, int]]] = []
     refusing = DhcpService(policy, SERVER, Stats(), False, send=lambda *reply: False)
     accepting = DhcpService(
@@ -492,7 +493,7 @@ def test_a_flood_of_informs_from_made_up_addresses_is_a_few_lines(service, caplo
 def test_a_nodes_agent_is_given_its_owner_first(make_config) -> None:
     """In a cluster the instance owning a node judges its heartbeats: its boot script and
     its answers name that instance first, then the others of the segment, once each."""
-    policy = BootPolicy(NodeStore(make_config(), clock=Clock()))
+    policy = local_policy(make_config(), clock=Clock())
     here, other = "http://10.99.0.1:8080", "http://10.99.0.2:8080"
     assert policy.servers_of("cn001") == (here,)  # a single server: itself
     policy.peers = (other,)

@@ -409,10 +409,11 @@ def test_parse_shared_problems_name_the_lines_of_each_text(folder: Path) -> None
 def test_a_reload_that_changes_cluster_is_refused(make_config, tmp_path: Path) -> None:
     """Like [server] and [api], [cluster] is read at start only: a reload says so."""
     from layerpy.config import ReloadRefused
-    from layerpy.server import Server
+    from layerpy.server import Server, local_backend
 
     config = make_config()
-    server = Server(config, state_dir=tmp_path / "state")
+    state = tmp_path / "state"
+    server = Server(config, local_backend(config, state), state_dir=state)
     config.path.write_text(
         config.path.read_text() + '[cluster]\netcd = ["http://127.0.0.1:2379"]\nname = "a"\n'
     )

@@ -12,8 +12,9 @@ from layerpy.catalog import Catalog
 from layerpy.images import ImageStore
 from layerpy.lifecycle import Lifecycle
 from layerpy.model import PowerState
-from layerpy.nodes import NodeStore
 from layerpy.power import NoneDriver
+
+from stores import local_store
 
 CN009 = '\n[nodes.cn009]\nip = "10.99.0.19"\nbmc = { driver = "none" }\n'
 
@@ -64,7 +65,7 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = 10.0)
 
 
 def fenced(config) -> tuple[Lifecycle, FlipFence, CountingBmc]:
-    store = NodeStore(config)
+    store = local_store(config)
     catalog = Catalog(ImageStore(store.config.server.state_dir / "images"), store.feed)
     fence = FlipFence()
     lifecycle = Lifecycle(store, catalog, poll_interval=3600, fence=fence)

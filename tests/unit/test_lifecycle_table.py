@@ -16,7 +16,8 @@ from layerpy.images import ImageStore
 from layerpy.lifecycle import ACTIONS, VARIABLES, Lifecycle, markdown_table, mutations
 from layerpy.lifecycle.table import BOOT_TIMEOUT
 from layerpy.model import PowerState
-from layerpy.nodes import NodeStore
+
+from stores import local_store
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "lifecycle.md"
 
@@ -62,7 +63,7 @@ class SlowBmc:
 
 def test_a_power_answer_for_a_node_a_reload_removed(make_config) -> None:
     async def scenario() -> None:
-        store = NodeStore(make_config(more=CN009))
+        store = local_store(make_config(more=CN009))
         catalog = Catalog(ImageStore(store.config.server.state_dir / "images"), store.feed)
         lifecycle = Lifecycle(store, catalog, poll_interval=3600)
         bmc = SlowBmc()
@@ -109,7 +110,7 @@ def test_a_reload_that_changes_a_node_ends_every_override(make_config) -> None:
 
 
 def lifecycle_of(config) -> Lifecycle:
-    store = NodeStore(config)
+    store = local_store(config)
     return Lifecycle(
         store, Catalog(ImageStore(config.server.state_dir / "images"), store.feed), 3600
     )

@@ -27,13 +27,13 @@ from layerpy.cluster.metrics import ClusterMetrics
 from layerpy.images import ImageStore
 from layerpy.lifecycle import Lifecycle
 from layerpy.model import PowerState
-from layerpy.nodes import NodeStore
 from layerpy.power import PowerError
 from layerpy.power.poller import Poller
 from layerpy.services.http import LOG_REQUESTS, STATS, profile
 from layerpy.stats import FAMILIES, MAX_KINDS, Stats, decades
 
 from oci import build_image
+from stores import local_store
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -215,7 +215,7 @@ NODES = '\n[nodes.cn009]\nip = "10.99.0.19"\nbmc = { driver = "none" }\n'
 
 def test_nodes_are_counted_by_state_at_each_scrape(make_config) -> None:
     async def scenario() -> tuple[Samples, Samples]:
-        store = NodeStore(make_config(more=NODES))
+        store = local_store(make_config(more=NODES))
         catalog = Catalog(ImageStore(store.config.server.state_dir / "images"), store.feed)
         lifecycle = Lifecycle(store, catalog, poll_interval=3600)
         stats = Stats()
@@ -288,7 +288,7 @@ def test_image_pulls_count_their_bytes_and_failures(make_config, tmp_path: Path)
     )
 
     async def scenario() -> Samples:
-        store = NodeStore(config)
+        store = local_store(config)
         stats = Stats()
         catalog = Catalog(ImageStore(tmp_path / "images"), store.feed, stats)
         catalog.sync(config)
@@ -315,7 +315,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_docs_list_every_metric_and_the_dashboard_uses_no_other(make_config) -> None:
     async def exposed() -> dict[str, str]:
-        store = NodeStore(make_config())
+        store = local_store(make_config())
         catalog = Catalog(ImageStore(store.config.server.state_dir / "images"), store.feed)
         stats = Stats()
         stats.watch_nodes(

@@ -17,6 +17,7 @@ from layerpy.nodes.effects import Bind, Event, Mark, NewBoot, Observe, Resume, T
 from layerpy.proto.agent import PROTOCOL, Report
 
 from clock import Clock
+from stores import local_store
 
 LOCATED = '\n[switches.sw1]\nrelay = "10.99.0.254"\n\n[nodes.cn003]\nip = "10.99.0.13"\nlocation = "sw1:swp3"\n'
 HEARTBEAT = {"node": "cn001", "token": "t", "mac": "52:54:00:99:00:11", "ip": "10.99.0.11",
@@ -74,7 +75,7 @@ def _state(store: NodeStore) -> tuple[object, ...]:
 
 
 def test_identity_rules_return_effects_and_write_nothing(make_config) -> None:
-    store = NodeStore(make_config(more=LOCATED), clock=Clock())
+    store = local_store(make_config(more=LOCATED), clock=Clock())
     before = _state(store)
     node, effects = identity.locate(store, "52:54:00:aa:00:01", ("sw1", "swp3"), "relay")
     assert node is store.nodes["cn003"] and _state(store) == before
@@ -84,7 +85,7 @@ def test_identity_rules_return_effects_and_write_nothing(make_config) -> None:
 
 
 def test_reports_are_admitted_as_effects(make_config) -> None:
-    store = NodeStore(make_config(), clock=Clock())
+    store = local_store(make_config(), clock=Clock())
     node = store.nodes["cn001"]
     token = store.issue_token(node)
     before = _state(store)
@@ -101,7 +102,7 @@ def test_heartbeats_wake_no_subscriber_and_stay_out_of_the_history(make_config) 
     the history keeps its real changes and their numbers; a subscriber asking for quiet
     changes gets them."""
     clock = Clock()
-    store = NodeStore(make_config(), clock=clock, feed=ChangeFeed(clock, history=100))
+    store = local_store(make_config(), clock=clock, feed=ChangeFeed(clock, history=100))
     node = store.nodes["cn001"]
     token = store.issue_token(node)
     store.report(HEARTBEAT | {"token": token, "event": "hello"})

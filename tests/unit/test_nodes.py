@@ -23,12 +23,13 @@ from layerpy.proto.agent import PROTOCOL
 from layerpy.server import collector_paused
 
 from clock import Clock
+from stores import local_store
 
 
 @pytest.fixture
 def inventory(make_config):
     clock = Clock()
-    inv = NodeStore(make_config(), clock=clock)
+    inv = local_store(make_config(), clock=clock)
     inv.test_clock = clock  # type: ignore[attr-defined]
     return inv
 
@@ -160,7 +161,7 @@ def test_tokens_survive_a_restart(inventory: NodeStore) -> None:
     """A restarted server takes the first heartbeat of a node it booted before for what it
     is: ready (its engine waits for nothing more, and cycles no one); not a new boot."""
     token = boot_to_ready(inventory)
-    again = NodeStore(inventory.config)
+    again = local_store(inventory.config)
     report(again, token)
     assert again.nodes["cn001"].run_state is RunState.READY
     assert again.nodes["cn001"].boots == 1
@@ -168,10 +169,10 @@ def test_tokens_survive_a_restart(inventory: NodeStore) -> None:
 
 def test_after_a_restart_a_hello_or_a_new_boot_id_is_a_new_start(inventory: NodeStore) -> None:
     token = boot_to_ready(inventory)
-    again = NodeStore(inventory.config)
+    again = local_store(inventory.config)
     report(again, token, "hello")  # the agent itself restarted: it says hello again
     assert again.nodes["cn001"].run_state is RunState.INIT
-    third = NodeStore(inventory.config)
+    third = local_store(inventory.config)
     report(third, token, boot_id="b2")  # rebooted without a network boot
     assert third.nodes["cn001"].run_state is RunState.INIT
     assert third.nodes["cn001"].boots == 2
@@ -233,7 +234,7 @@ def test_apply_ends_as_a_store_built_from_the_file(inventory: NodeStore, make_co
         running = dict(inventory.config.nodes)
         config = make_config(**keys)
         inventory.apply_config(config)
-        fresh = NodeStore(config)
+        fresh = local_store(config)
         assert list(inventory.nodes) == list(fresh.nodes)
         assert look_ups(inventory) == look_ups(fresh)
         for name, cfg in config.nodes.items():
@@ -277,7 +278,7 @@ def bound_and_alive(inv: NodeStore):
 
 def test_location_binds_replaces_moves_and_conflicts(make_config) -> None:
     clock = Clock()
-    inv = NodeStore(make_config(more=LOCATED), clock=clock)
+    inv = local_store(make_config(more=LOCATED), clock=clock)
     node = bound_and_alive(inv)
     assert node.name == "cn003" and inv.by_mac("52:54:00:aa:00:01") is node
     assert inv.feed.events()[-1]["kind"] == "bound"
@@ -298,7 +299,7 @@ def test_location_binds_replaces_moves_and_conflicts(make_config) -> None:
     assert node.binding == {"mac": "52:54:00:aa:00:02", "previous": "52:54:00:aa:00:01",
                             "how": "at sw1:swp3 (dhcp-option-82)", "at": clock.now}  # fmt: skip
     # bindings survive a restart
-    assert NodeStore(inv.config).by_mac("52:54:00:aa:00:02").name == "cn003"
+    assert local_store(inv.config).by_mac("52:54:00:aa:00:02").name == "cn003"
 
 
 def test_under_rebind_confirm_new_hardware_waits_for_layerpy_bind(make_config) -> None:
@@ -309,7 +310,7 @@ def test_under_rebind_confirm_new_hardware_waits_for_layerpy_bind(make_config) -
     config.path.write_text(
         config.path.read_text().replace("[server]\n", '[server]\nrebind = "confirm"\n')
     )
-    inv = NodeStore(load(config.path), clock=clock)
+    inv = local_store(load(config.path), clock=clock)
     node = bound_and_alive(inv)  # the first machine: bound by its location
     assert inv.by_mac("52:54:00:aa:00:01") is node
     clock.now += 100
@@ -337,7 +338,7 @@ def test_under_rebind_confirm_new_hardware_waits_for_layerpy_bind(make_config) -
 
 def test_conflict_stays_while_claimed_and_ends_when_the_claims_stop(make_config) -> None:
     clock = Clock()
-    inv = NodeStore(make_config(more=LOCATED), clock=clock)
+    inv = local_store(make_config(more=LOCATED), clock=clock)
     node = bound_and_alive(inv)
     assert inv.locate("52:54:00:aa:00:02", PORT, "lldp") is None
     clock.now += 2
@@ -350,7 +351,7 @@ def test_conflict_stays_while_claimed_and_ends_when_the_claims_stop(make_config)
 
 def test_a_machine_that_moves_follows_the_port(make_config) -> None:
     extra = '\n[nodes.cn004]\nip = "10.99.0.14"\nlocation = "sw1:swp4"\n'
-    inv = NodeStore(make_config(more=LOCATED + extra))
+    inv = local_store(make_config(more=LOCATED + extra))
     first = inv.locate("52:54:00:aa:00:01", PORT, "lldp")
     moved = inv.locate("52:54:00:aa:00:01", ("sw1", "swp4"), "lldp")
     assert (first.name, moved.name) == ("cn003", "cn004")
@@ -372,7 +373,7 @@ def with_identity(make_config, identity: str, clock: Clock | None = None) -> Nod
     text = config.path.read_text().replace("[server]\n", f'[server]\nidentity = "{identity}"\n')
     text = text.replace('state_dir = "state"', f'state_dir = "state-{identity}"')  # own bindings
     config.path.write_text(text)
-    return NodeStore(load(config.path), clock=clock or Clock())
+    return local_store(load(config.path), clock=clock or Clock())
 
 
 def lldp_report(inv: NodeStore, node: str, token: str, mac: str, port: str = "swp3") -> Ack:
@@ -551,7 +552,7 @@ def test_root_writes_state_files_as_the_servers_user(tmp_path) -> None:
 def test_claims_from_many_made_up_macs_are_a_few_log_lines(make_config, caplog) -> None:
     """Issue 26: a fuzz gave 1 498 "claims sw1:swp1" lines in 33 s, one per MAC; each claim
     is still an event on the feed, the log has a few lines of the kind."""
-    inv = NodeStore(make_config(more=LOCATED), clock=Clock())
+    inv = local_store(make_config(more=LOCATED), clock=Clock())
     bound_and_alive(inv)
     caplog.set_level(logging.INFO, "layerpy.nodes")
     for i in range(500):
@@ -573,7 +574,7 @@ def test_boot_tokens_are_kept_as_digests_only(inventory: NodeStore) -> None:
     assert not [text for text in shown if token in text]
     with pytest.raises(ReportRejected, match="wrong boot token"):
         report(inventory, digests.digest(token)[:64])  # the digest is no token
-    again = NodeStore(inventory.config)  # read back from the digests
+    again = local_store(inventory.config)  # read back from the digests
     report(again, token)
     assert again.nodes["cn001"].run_state is RunState.READY
 
@@ -600,7 +601,7 @@ def test_clear_tokens_of_an_older_release_are_hashed_when_read(make_config, old_
         (state / old_file).write_text(json.dumps({"node": "cn001"} | old) + "\n")
     else:
         (state / old_file).write_text(json.dumps({"cn001": old}))
-    inv = NodeStore(config)
+    inv = local_store(config)
     kept = (state / "boots.jsonl").read_text()
     assert "older-clear-token" not in kept and digests.digest("older-clear-token") in kept
     assert not (state / "boots.json").exists()

@@ -11,7 +11,6 @@ import pytest
 from layerpy.boot import BootPolicy
 from layerpy.config import ConfigError, load
 from layerpy.model import Phase
-from layerpy.nodes import NodeStore
 from layerpy.proto import dhcp
 from layerpy.proto.proxy_dhcp import BOOT_SERVER_PORT
 from layerpy.services.dhcp import DhcpService
@@ -32,6 +31,7 @@ from dhcp_requests import (
     ZERO,
     request,
 )
+from stores import local_policy
 
 IP = IPv4Address
 SITE_ADDRESS = IP("10.99.0.57")  # what the site's server gave cn001
@@ -53,7 +53,7 @@ def proxy_file(make_config, more: str = "") -> object:
 
 @pytest.fixture
 def policy(make_config) -> BootPolicy:
-    return BootPolicy(NodeStore(proxy_file(make_config, RESERVED), clock=Clock()))
+    return local_policy(proxy_file(make_config, RESERVED), clock=Clock())
 
 
 def port(policy: BootPolicy, number: int) -> DhcpService:
@@ -189,7 +189,7 @@ def test_a_forged_relay_gets_no_boot_on_either_port(make_config) -> None:
     """Issue 26: a DISCOVER naming the relay and a node's port, sent by another host, then
     a REQUEST on 4011 from that host's address: silence on both, nothing learned."""
     located = LOCATED.replace('ip = "10.99.0.13"\n', "")
-    policy = BootPolicy(NodeStore(proxy_file(make_config, located), clock=Clock()))
+    policy = local_policy(proxy_file(make_config, located), clock=Clock())
     mac, attacker = "52:54:00:aa:00:66", (str(SITE_ADDRESS), 67)
     forged = request(dhcp.DISCOVER, mac, giaddr=RELAY, **IPXE, **ON_SWP3)
     for number in (67, BOOT_SERVER_PORT):
@@ -205,7 +205,7 @@ def test_a_relayed_discover_names_the_node_by_its_port(make_config) -> None:
     """Behind a relay that forwards to the site's server and to layerpy: the port in option
     82 names the node, the offer goes back to the relay, and port 4011 then knows its MAC."""
     located = LOCATED.replace('ip = "10.99.0.13"\n', "")
-    policy = BootPolicy(NodeStore(proxy_file(make_config, located), clock=Clock()))
+    policy = local_policy(proxy_file(make_config, located), clock=Clock())
     mac = "52:54:00:aa:00:03"
     discover = request(dhcp.DISCOVER, mac, giaddr=RELAY, **IPXE, **ON_SWP3)
     verdict, decision = port(policy, 67).handle(discover, (str(RELAY), 67))

@@ -24,7 +24,7 @@ from layerpy.config import Config, NodeConfig
 from layerpy.logs import Throttle
 from layerpy.model import Boot, Busy, ImageState, Node, Phase, PowerState, RunState
 from layerpy.nodes import identity, liveness, observed, reports, tokens
-from layerpy.nodes.backend import BINDINGS, OBSERVED, TOKENS, Backend, LocalJournal, Record
+from layerpy.nodes.backend import BINDINGS, OBSERVED, TOKENS, Backend, Record
 from layerpy.nodes.discovery import DISCOVERY, Discovery
 from layerpy.nodes.effects import (
     Bind,
@@ -38,7 +38,6 @@ from layerpy.nodes.effects import (
     Token,
 )
 from layerpy.nodes.feed import ChangeFeed
-from layerpy.nodes.files import StateFiles
 from layerpy.nodes.identity import Identities, Location
 from layerpy.nodes.reports import Ack, ReportRejected
 
@@ -103,15 +102,16 @@ class NodeStore:
     def __init__(
         self,
         config: Config,
+        backend: Backend,
         clock: Callable[[], float] = time.time,
         feed: ChangeFeed | None = None,
-        backend: Backend | None = None,
     ) -> None:
+        """``backend``: where the records that outlive a restart are kept, as the wiring
+        chose it (the state directory's journals, or a cluster's etcd)."""
         self.config = config
         self.clock = clock
         self.feed = feed or ChangeFeed(clock)
-        self.files = StateFiles(config.server.state_dir)
-        self.backend = backend or LocalJournal(config.server.state_dir)
+        self.backend = backend
         self.instance = self.backend.instance  # None: a single server
         self._following = False  # applying another instance's record: nothing written back
         self._dirty: set[str] = set()  # nodes whose observed record is to be written
