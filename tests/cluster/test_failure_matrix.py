@@ -368,7 +368,8 @@ def test_rolling_upgrade_keeps_every_job_container_and_address(rig: Rig, tmp_pat
     release = controller.release(CONTROLLER)
     try:
         ended = wait_for(lambda: srun.poll() is not None, 60, f"job {job} ending once released",
-                         controller.slurmctld_log, rig.tmp / "job.log")  # fmt: skip
+                         controller.slurmctld_log, rig.tmp / "job.log",
+                         *(node.agent_log for node in rig.slurm_nodes))  # fmt: skip
     finally:
         release.kill()
         release.wait()
