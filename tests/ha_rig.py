@@ -364,6 +364,7 @@ class Rig:
         self.nodes: list[Node] = []
         self.slurm_nodes: list[Node] = []  # sn001…: the Slurm image, slurmd
         self.controller: Controller | None = None  # slurmctld and munged, once started
+        self.munge_key = tmp / "munge.key"  # the Slurm nodes' and the controller's
         self.spare = Netns("lphp")
         self.slurm_ns = Netns("lphc") if slurm else None
         try:
@@ -404,7 +405,7 @@ class Rig:
         """The slurm group, its image and its files (node file TOML); the munge key and the
         image's layout made (the layout from the Slurm lab's cache)."""
         layout = build_slurm_image(self.tmp)["layout"]
-        self.munge_key = make_munge_key(self.tmp / "munge.key")
+        make_munge_key(self.munge_key)
         macs = ", ".join(f'"{self.mac(index, 0x41)}"' for index in range(count))
         command = json.dumps(["/bin/sh", "-c", SLURMD])
         return f"""

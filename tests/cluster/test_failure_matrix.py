@@ -329,9 +329,9 @@ def start_held_job(rig: Rig, controller: Controller) -> tuple[int, subprocess.Po
 
 def test_rolling_upgrade_keeps_every_job_container_and_address(rig: Rig, tmp_path: Path) -> None:
     """The job: a real Slurm job over the Slurm nodes (srun, a task on each), started
-    before the first instance stops and released after the last is back; and every node's container (its
-    main process: slurmd, or busybox's `sleep`). The new code: a copy of the `layerpy`
-    package in another directory, run from there."""
+    before the first instance stops and released after the last is back; and every node's
+    container (its main process: slurmd, or busybox's `sleep`). The new code: a copy of
+    the `layerpy` package in another directory, run from there."""
     if rig.controller is None:
         pytest.skip(NO_SLURM)
     controller = rig.controller
