@@ -91,12 +91,15 @@ def boots(rig: Rig, server: Server) -> None:
     )
 
 
-def dhcp_renews(node: Node, what: str) -> None:
-    """udhcpc renews the node's address (lease 20 s: a renewal each 10 s): the same one."""
-    count = len(node.addresses())
-    wait_for(lambda: len(node.addresses()) > count, 30, f"{what}: {node.name}'s DHCP renewal",
-             node.dhcp_log, *(s.log for s in node.rig.servers))  # fmt: skip
-    assert set(node.addresses()) == {node.ip}, f"{node.name}'s addresses: {node.addresses()}"
+def dhcp_renews(nodes: list[Node], what: str) -> None:
+    """udhcpc renews each node's address (lease 20 s: a renewal each 10 s, all waited for
+    at once): the same one as ever."""
+    counts = [len(node.addresses()) for node in nodes]
+    for node, count in zip(nodes, counts, strict=True):
+        wait_for(lambda n=node, c=count: len(n.addresses()) > c, 30,
+                 f"{what}: {node.name}'s DHCP renewal", node.dhcp_log,
+                 *(s.log for s in node.rig.servers))  # fmt: skip
+        assert set(node.addresses()) == {node.ip}, f"{node.name}'s addresses: {node.addresses()}"
 
 
 def live(server: Server) -> bool:
@@ -285,8 +288,7 @@ def test_without_quorum_boots_and_reports_go_on_actions_wait(
     assert node.starts() == before, f"{node.name} switched image without quorum"
     for server in rig.servers:
         boots(rig, server)
-    for each in rig.nodes:
-        dhcp_renews(each, "no quorum")
+    dhcp_renews(rig.nodes, "no quorum")
     assert node.starts() == before, f"{node.name} switched image without quorum"
     for member in lost:
         member.start()
@@ -387,8 +389,8 @@ def test_rolling_upgrade_keeps_every_job_container_and_address(rig: Rig, tmp_pat
     assert not failed, f"jobs not completed: {failed}"
     controller.wait_nodes(names, "idle", 30)
     assert controller.slurmd_started() == slurmd, "a slurmd started again during the upgrade"
+    dhcp_renews(everyone, "after the upgrade")
     for node in everyone:
-        dhcp_renews(node, "after the upgrade")
         assert node.container() == running[node.name], f"{node.name}'s container changed"
         pid = running[node.name]
         assert pid is not None and Path(f"/proc/{pid[0]}").exists(), f"{node.name}'s job died"
