@@ -10,6 +10,14 @@ agent runs a real busybox container in it (as tests/proto/test_agent_failover.py
 a tiny QEMU (no disk, no NIC) sits behind a lab BMC (vm-lab/bmc.py) that logs every power
 command it receives. Everything is torn down by the test; only processes started here are
 killed.
+
+With `slurm=N`, N more nodes (sn001…, group `slurm`, no BMC) run the Slurm lab's image
+(vm-lab/slurm_lab.py's cached build) through the same agent, with slurm.conf, /etc/hosts and
+the munge key delivered by layerpy's [files] from the lab's templates, and slurmctld and
+munged (vm-lab/slurm_controller.py) run in a namespace of their own on the segment
+(CONTROLLER). Their container runs slurmd by its own entrypoint (SLURMD), not systemd:
+systemd as a container's init needs a VM's kernel to itself (docs/ha.md, "The failure
+matrix").
 """
 
 from __future__ import annotations
@@ -34,12 +42,28 @@ from oci import build_image
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vm-lab"))
 
 from bmc import BMC_DEVICE, qmp, start_bmc
+from slurm_controller import Controller, context_from_node_file, make_munge_key, node_files
+from slurm_lab import build_image as build_slurm_image
 
 LAYERPY = Path(sys.executable).parent / "layerpy"
 SEGMENT = "10.88.0"
 BMC_PASSWORD = "matrix-bmc-Secret-3"
 SPARE, SPARE_MAC = "sp01", "52:54:00:88:00:31"  # a node that only boots: no agent, no BMC
 POWER_LINE = "power: "  # how the lab BMC logs each power command it carries out
+CONTROLLER, CONTROLLER_MAC = f"{SEGMENT}.5", "52:54:00:88:00:05"  # slurmctld's namespace
+
+# The slurm image's command in the rig: munged and slurmd as their units start them, slurmd
+# the container's main process (it dying ends the container: a restart the agent counts).
+# This host's cgroups are hybrid (v1 controllers, an empty v2): slurmd 22.05 refuses
+# cgroup v2 there ("Hybrid mode is not supported") and its cgroup/v1 wants a name=systemd
+# hierarchy at /sys/fs/cgroup/systemd, so the container mounts one, read-only, in its own
+# mount namespace (with proctrack/linuxproc it makes no cgroup in it).
+SLURMD = (
+    "mount -t tmpfs -o mode=0755 cgroup /sys/fs/cgroup && mkdir /sys/fs/cgroup/systemd"
+    " && mount -t cgroup -o ro,none,name=systemd cgroup /sys/fs/cgroup/systemd"
+    " && install -d -o munge -g munge /run/munge && runuser -u munge -- munged"
+    " && exec slurmd -D"
+)
 
 # the agent as the minOS runs it, with the container's console a file (no network setup:
 # the node's namespace has its address from udhcpc)
@@ -207,18 +231,12 @@ class Node:
     index: int
     ns: Netns
     mac: str
+    name: str
+    ip: str
     agent: subprocess.Popen[bytes] | None = None
     dhcp: subprocess.Popen[bytes] | None = None
     bmc_mark: int = 0
     port: str = ""  # its veth's end on the segment's bridge
-
-    @property
-    def name(self) -> str:
-        return f"cn{self.index + 1:03}"
-
-    @property
-    def ip(self) -> str:
-        return f"{SEGMENT}.{11 + self.index}"
 
     @property
     def state(self) -> Path:
@@ -318,32 +336,37 @@ class Node:
 
 
 class SegmentLab:
-    """The segment's namespace as vm-lab's `start_bmc` wants a lab: run_dir, run, popen."""
+    """A namespace on the segment as vm-lab wants a lab (`start_bmc`, the Slurm
+    `Controller`): netns, run_dir, run, popen."""
 
     def __init__(self, ns: Netns, run_dir: Path) -> None:
-        self.ns, self.run_dir = ns, run_dir
+        self.ns, self.run_dir, self.netns = ns, run_dir, ns.name
 
     def run(self, cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
         kw = {"check": True, "capture_output": True, "text": True, "timeout": 60} | kw
         return subprocess.run(self.ns.cmd(*cmd), **kw)
 
-    def popen(self, cmd: list[str], log: Path | None = None) -> subprocess.Popen[bytes]:
+    def popen(self, cmd: list[str], log: Path | None = None, **kw: Any) -> subprocess.Popen[bytes]:
         with log.open("ab") if log else open(os.devnull, "wb") as out:
-            return self.ns.popen(cmd, stdout=out, stderr=out)
+            return self.ns.popen(cmd, stdout=out, stderr=out, **kw)
 
 
 class Rig:
     """The segment, the instances and the nodes (see the module doc)."""
 
     def __init__(self, etcd: EtcdCluster, tmp: Path, *, servers: int, nodes: int,
-                 prefix: str, extra: str = "") -> None:  # fmt: skip
+                 prefix: str, extra: str = "", slurm: int = 0) -> None:  # fmt: skip
         self.etcd, self.tmp, self.prefix = etcd, tmp, prefix
         self.config_dir = tmp / "config"
         self.config_dir.mkdir(parents=True)
         self.segment = Netns("lphs")
         self.servers: list[Server] = []
         self.nodes: list[Node] = []
+        self.slurm_nodes: list[Node] = []  # sn001…: the Slurm image, slurmd
+        self.controller: Controller | None = None  # slurmctld and munged, once started
+        self.munge_key = tmp / "munge.key"  # the Slurm nodes' and the controller's
         self.spare = Netns("lphp")
+        self.slurm_ns = Netns("lphc") if slurm else None
         try:
             self.segment.run("ip", "link", "add", BMC_DEVICE, "type", "bridge")
             self.segment.run("ip", "link", "set", BMC_DEVICE, "up")
@@ -353,6 +376,8 @@ class Rig:
             (self.config_dir / "bmc.pass").chmod(0o600)
             write_boot_files(self.config_dir)
             images = "".join(self.image(name) for name in ("one", "two"))
+            if slurm:
+                images += self.slurm(slurm)
             self.shared_text = self.shared(nodes, images + extra)
             for index in range(servers):
                 ns = etcd.add_instance()
@@ -360,8 +385,13 @@ class Rig:
                 self.servers.append(Server(self, index, ns))
             for index in range(nodes):
                 self.nodes.append(self.add_node(index))
+            for index in range(slurm):
+                self.slurm_nodes.append(self.add_node(index, "sn", 41))
             self.plug(self.spare, SPARE_MAC)
             self.spare.run("ip", "addr", "add", f"{SEGMENT}.31/24", "dev", "eth0")
+            if self.slurm_ns is not None:
+                self.plug(self.slurm_ns, CONTROLLER_MAC)
+                self.slurm_ns.run("ip", "addr", "add", f"{CONTROLLER}/24", "dev", "eth0")
         except BaseException:
             self.close()
             raise
@@ -370,6 +400,26 @@ class Rig:
         layout = build_image(self.tmp / f"oci-{name}", name, f"IMAGE-{name.upper()}")
         return (f'\n[images.{name}]\nsource = "oci-layout:{layout}:latest"\n'
                 'command = ["/bin/sh", "-c", "exec sleep 1000000"]\n')  # fmt: skip
+
+    def slurm(self, count: int) -> str:
+        """The slurm group, its image and its files (node file TOML); the munge key and the
+        image's layout made (the layout from the Slurm lab's cache)."""
+        layout = build_slurm_image(self.tmp)["layout"]
+        make_munge_key(self.munge_key)
+        macs = ", ".join(f'"{self.mac(index, 0x41)}"' for index in range(count))
+        command = json.dumps(["/bin/sh", "-c", SLURMD])
+        return f"""
+[groups.slurm]
+nodes = "sn[001-{count:03}]"
+ip = "{SEGMENT}.[41-{40 + count}]"
+mac = [{macs}]
+image = "slurm"
+vars = {{ slurm_group = "slurm", slurmctld_address = "{CONTROLLER}" }}
+
+[images.slurm]
+source = "oci-layout:{layout}:v1"
+command = {command}
+{node_files(self.munge_key, "slurm", systemd=False, hosts_everywhere=False)}"""
 
     def shared(self, nodes: int, more: str) -> str:
         """The cluster's part of the node file."""
@@ -416,12 +466,14 @@ prefix = "{self.prefix}"
 """
 
     @staticmethod
-    def mac(index: int) -> str:
-        return f"52:54:00:88:00:{0x11 + index:02x}"
+    def mac(index: int, first: int = 0x11) -> str:
+        return f"52:54:00:88:00:{first + index:02x}"
 
-    def add_node(self, index: int) -> Node:
+    def add_node(self, index: int, prefix: str = "cn", first: int = 11) -> Node:
+        """Node `prefix`NNN at .`first`+index, its MAC ending in the same number (hex)."""
         ns = Netns("lphn")
-        node = Node(self, index, ns, self.mac(index))
+        name, ip = f"{prefix}{index + 1:03}", f"{SEGMENT}.{first + index}"
+        node = Node(self, index, ns, self.mac(index, int(str(first), 16)), name, ip)
         node.port = self.plug(ns, node.mac)
         return node
 
@@ -454,15 +506,26 @@ prefix = "{self.prefix}"
         for server in self.servers:
             wait_for(lambda s=server: s.reaches_etcd(), 30, f"{server.name} reaching etcd")
             server.start()
-        wait_for(lambda: {n.name for n in self.nodes} <= set(self.owners()), 30, "every node owned",
+        everyone = self.nodes + self.slurm_nodes
+        wait_for(lambda: {n.name for n in everyone} <= set(self.owners()), 30, "every node owned",
                  *(s.log for s in self.servers), seen=self.owners)  # fmt: skip
-        for node in self.nodes:
+        if self.slurm_ns is not None:
+            context = context_from_node_file(self.servers[0].file, group="slurm")
+            lab = SegmentLab(self.slurm_ns, self.tmp)
+            self.controller = Controller(lab, self.tmp / "slurmctld", self.munge_key, context)
+        for node in everyone:
             node.start_dhcp()
             node.start_agent(self.token(node))
         for node in self.nodes:
             wait_for(lambda node=node: self.image_state(node) == ("one", "active"), 120,
                      f"{node.name} running image one", node.agent_log)  # fmt: skip
             node.mark_bmc()
+        for node in self.slurm_nodes:  # each instance squashes the image (~95 MB) first
+            wait_for(lambda node=node: self.image_state(node) == ("slurm", "active"), 300,
+                     f"{node.name} running the slurm image", node.agent_log,
+                     *(s.log for s in self.servers))  # fmt: skip
+        if self.controller is not None:
+            self.controller.wait_nodes([n.name for n in self.slurm_nodes], "idle", 120)
 
     def token(self, node: Node) -> str:
         """A boot token for the node, as its boot script hands it out (from the node's own
@@ -498,13 +561,17 @@ prefix = "{self.prefix}"
         return matches[0]
 
     def close(self) -> None:
-        for node in self.nodes:
+        if self.controller is not None:
+            self.controller.close()
+        for node in self.nodes + self.slurm_nodes:
             node.ns.close()
             node.kill_container()
         for server in self.servers:
             if not server.dead():
                 server.kill()
         self.spare.close()
+        if self.slurm_ns is not None:
+            self.slurm_ns.close()
         self.segment.close()
 
 

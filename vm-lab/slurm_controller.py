@@ -32,6 +32,7 @@ import os
 import secrets
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -43,6 +44,30 @@ SLURM_CONF = TEMPLATES / "slurm.conf.j2"
 HOSTS = TEMPLATES / "hosts.j2"
 CONTROLLER_NAME = "layerpy"  # SlurmctldHost's name in slurm.conf.j2
 MUNGE_KEY_BYTES = 1024  # munged takes 32 to 1024
+RELEASE_PORT = 7999  # a held job (`held_job`) ends when this port opens at the controller
+# the listener that releases held jobs: accepts and closes, until stopped
+RELEASE = (
+    "import socket, sys\ns = socket.create_server((sys.argv[1], int(sys.argv[2])))\n"
+    "while True:\n    s.accept()[0].close()\n"
+)
+
+# What the nodes of the slurm image need from layerpy's [files]: slurm.conf and /etc/hosts
+# from the templates beside this file, and the munge key (a secret). `apply` restarts the
+# daemon a changed file is for, with systemd: a container without it takes a changed file at
+# its next start.
+NODE_FILES = """
+[files."/etc/slurm/slurm.conf"]
+template = "{templates}/slurm.conf.j2"
+groups = ["{group}"]{slurmd}
+
+[files."/etc/hosts"]
+template = "{templates}/hosts.j2"{hosts_groups}
+
+[files."/etc/munge/munge.key"]
+secret = "{key}"
+owner = "munge:munge"
+groups = ["{group}"]{munge}
+"""
 
 
 class LabLike(Protocol):
@@ -69,6 +94,25 @@ def make_munge_key(path: Path, size: int = MUNGE_KEY_BYTES) -> Path:
         out.write(secrets.token_bytes(size))
     part.rename(path)
     return path
+
+
+def node_files(key: Path, group: str = "compute", systemd: bool = True,
+               hosts_everywhere: bool = True) -> str:  # fmt: skip
+    """The [files] tables (TOML) that give `group`'s nodes slurm.conf, the munge key `key`
+    and /etc/hosts (to every node, or only to `group`'s)."""
+    return NODE_FILES.format(
+        templates=TEMPLATES, group=group, key=key,
+        slurmd='\napply = "systemctl restart slurmd"' if systemd else "",
+        munge='\napply = "systemctl restart munge"' if systemd else "",
+        hosts_groups="" if hosts_everywhere else f'\ngroups = ["{group}"]',
+    )  # fmt: skip
+
+
+def held_job(address: str, port: int = RELEASE_PORT) -> str:
+    """A bash command line that lasts until `port` opens at `address` (`Controller.release`),
+    then says where it ran: a job that runs for as long as a test needs."""
+    return (f"until (exec 3<>/dev/tcp/{address}/{port}) 2>/dev/null; do sleep 1; done;"
+            " echo job done on $(hostname)")  # fmt: skip
 
 
 def render(template: Path, context: dict[str, Any]) -> str:
@@ -232,6 +276,18 @@ class Controller:
 
     def squeue(self, *args: str) -> str:
         return self.client("squeue", *args).stdout
+
+    def job(self, job_id: int) -> dict[str, str]:
+        """``scontrol show job``'s fields (JobState, ExitCode, NodeList…); {} once slurmctld
+        has forgotten it (MinJobAge after its end)."""
+        shown = self.client("scontrol", "-o", "show", "job", str(job_id), check=False)
+        return dict(word.split("=", 1) for word in shown.stdout.split() if "=" in word)
+
+    def release(self, address: str, port: int = RELEASE_PORT) -> subprocess.Popen:
+        """Open `port` at `address` (in the lab's namespace): every `held_job` on it ends.
+        Stopped by ``close()`` if not before."""
+        return self._popen([sys.executable, "-c", RELEASE, address, str(port)],
+                           self.run_dir / "release.out")  # fmt: skip
 
     def logs(self, tail: int = 3000) -> str:
         parts = []

@@ -29,20 +29,21 @@ from pathlib import Path
 from typing import Any
 
 from session import LAYERPY, REPO, LabSession, lab_text
-from slurm_controller import TEMPLATES, Controller, context_from_node_file, make_munge_key
+from slurm_controller import (
+    Controller,
+    context_from_node_file,
+    held_job,
+    make_munge_key,
+    node_files,
+)
 
 NODES = ["cn001", "cn002", "cn003"]
 MEMORY_MB = 512
 PERSIST = ["/var/spool/slurmd", "/var/lib/munge", "/scratch"]
 ADDRESS = "10.99.0.1"  # the server's, in configs/lab.toml
-RELEASE_PORT = 7999  # the job on cn001 during the roll ends when this port opens there
-RELEASE = (
-    "import socket, sys\ns = socket.create_server((sys.argv[1], int(sys.argv[2])))\n"
-    "while True:\n    s.accept()[0].close()\n"
-)
 DEBIAN_IMAGE = REPO / "vm-lab" / "debian-image.py"
 
-FILES = """
+IMAGES = """
 [images.slurm]
 source = "oci-layout:{layout}:v1"
 systemd = true
@@ -52,20 +53,6 @@ persist = {persist}
 source = "oci-layout:{layout}:v2"
 systemd = true
 persist = {persist}
-
-[files."/etc/slurm/slurm.conf"]
-template = "{templates}/slurm.conf.j2"
-apply = "systemctl restart slurmd"
-groups = ["compute"]
-
-[files."/etc/hosts"]
-template = "{templates}/hosts.j2"
-
-[files."/etc/munge/munge.key"]
-secret = "{key}"
-owner = "munge:munge"
-apply = "systemctl restart munge"
-groups = ["compute"]
 """
 
 
@@ -90,8 +77,8 @@ def node_file(run_dir: Path, key: Path, image: str = "slurm") -> Path:
         assert four in text, four
         text = text.replace(four, three)
     text = text.replace('power = "on"\n', f'power = "on"\nimage = "{image}"\n', 1)
-    text += FILES.format(layout=run_dir / "slurm-oci", persist=json.dumps(PERSIST),
-                         templates=TEMPLATES, key=key)  # fmt: skip
+    text += IMAGES.format(layout=run_dir / "slurm-oci", persist=json.dumps(PERSIST))
+    text += node_files(key)
     path = run_dir / "nodes.toml"
     path.write_text(text)
     return path
@@ -210,14 +197,12 @@ class SlurmLab:
         node's /scratch/marker holds afterwards."""
         before = {n: (node["boots"], node["boot"]["boot_id"]) for n, node in self.nodes().items()}
         slurmd = self.controller.slurmd_started()
-        wait_release = (f"until (exec 3<>/dev/tcp/{ADDRESS}/{RELEASE_PORT}) 2>/dev/null;"
-                        " do sleep 1; done; echo job done on $(hostname)")  # fmt: skip
         job_log = self.run_dir / "job.log"
         # the last step's jobs must be over: their prologs' busy would pass for this job's
         self.session.wait(lambda: all(n["busy"] == "free" for n in self.nodes().values()), 120,
                           "every node free (the last step's jobs ended)")  # fmt: skip
-        job = self.controller.srun_background("-N1", "-w", "cn001", "bash", "-c", wait_release,
-                                              log=job_log)  # fmt: skip
+        job = self.controller.srun_background("-N1", "-w", "cn001", "bash", "-c",
+                                              held_job(ADDRESS), log=job_log)  # fmt: skip
         self.session.wait(lambda: self.nodes()["cn001"]["busy"] == "busy", 120,
                           "cn001 busy (the job's prolog)")  # fmt: skip
         self.say("a job runs on cn001 (busy); rolling the nodes to slurm v2")
@@ -233,8 +218,7 @@ class SlurmLab:
         )
         assert job.poll() is None, job_log.read_text()
         self.say("cn002 and cn003 run v2; cn001 still runs v1 and its job: releasing the job")
-        release = self.session.lab.popen([sys.executable, "-c", RELEASE, ADDRESS,
-                                          str(RELEASE_PORT)])  # fmt: skip
+        release = self.controller.release(ADDRESS)
         try:
             outcome = job.wait(120)
         finally:

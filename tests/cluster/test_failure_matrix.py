@@ -1,14 +1,18 @@
 """The failure matrix of issue 27, point 4: three `layerpy serve` instances on a 3-member etcd
 and one boot segment, three simulated nodes (a real agent running a real busybox container,
 udhcpc keeping the node's address, a QEMU behind a lab BMC that logs every power command),
-all in namespaces (tests/ha_rig.py). Each case breaks one thing and checks what the nodes
-and the operator see. One rig per module; every test leaves it whole again.
+and three Slurm nodes (the same agent running the Slurm lab's image: slurmd and munged,
+slurmctld beside them on the segment), all in namespaces (tests/ha_rig.py). Each case
+breaks one thing and checks what the nodes and the operator see. One rig per module; every
+test leaves it whole again. Without Slurm's packages the rig has no Slurm nodes and the
+rolling upgrade is skipped.
 
 Measured times are printed (run with -s): "measured: …".
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import subprocess
@@ -17,22 +21,26 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ha_rig import SPARE, Capture, Node, Rig, Server, tail, wait_for
+from ha_rig import CONTROLLER, SPARE, Capture, Node, Rig, Server, tail, wait_for
 
 from etcd import EtcdCluster
 from netns import Netns, unique_name
+from slurm_controller import Controller, held_job
 
 pytestmark = pytest.mark.netns
 
 TAKEOVER = 10.0  # seconds: a dead instance's nodes owned by another (issue 27)
 HELD = "lost etcd"  # what an instance logs when its fence closes (docs/ha.md)
 BACK = "acting on the nodes this instance owns"  # …and when its lease is fresh again
+# the Slurm nodes need the image build (mmdebstrap, or its cache) and the controller's daemons
+SLURM = all(map(shutil.which, ("mmdebstrap", "slurmctld", "munged", "sbatch")))
+NO_SLURM = "needs mmdebstrap, slurmctld, munge and slurm-client (vm-lab/setup.sh installs them)"
 
 
 @pytest.fixture(scope="module")
 def rig(etcd_cluster: EtcdCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     built = Rig(etcd_cluster, tmp_path_factory.mktemp("matrix", numbered=True), servers=3,
-                nodes=3, prefix=f"/{unique_name('matrix')}")  # fmt: skip
+                nodes=3, prefix=f"/{unique_name('matrix')}", slurm=3 if SLURM else 0)  # fmt: skip
     try:
         built.start()
         yield built
@@ -83,12 +91,15 @@ def boots(rig: Rig, server: Server) -> None:
     )
 
 
-def dhcp_renews(node: Node, what: str) -> None:
-    """udhcpc renews the node's address (lease 20 s: a renewal each 10 s): the same one."""
-    count = len(node.addresses())
-    wait_for(lambda: len(node.addresses()) > count, 30, f"{what}: {node.name}'s DHCP renewal",
-             node.dhcp_log, *(s.log for s in node.rig.servers))  # fmt: skip
-    assert set(node.addresses()) == {node.ip}, f"{node.name}'s addresses: {node.addresses()}"
+def dhcp_renews(nodes: list[Node], what: str) -> None:
+    """udhcpc renews each node's address (lease 20 s: a renewal each 10 s, all waited for
+    at once): the same one as ever."""
+    counts = [len(node.addresses()) for node in nodes]
+    for node, count in zip(nodes, counts, strict=True):
+        wait_for(lambda n=node, c=count: len(n.addresses()) > c, 30,
+                 f"{what}: {node.name}'s DHCP renewal", node.dhcp_log,
+                 *(s.log for s in node.rig.servers))  # fmt: skip
+        assert set(node.addresses()) == {node.ip}, f"{node.name}'s addresses: {node.addresses()}"
 
 
 def live(server: Server) -> bool:
@@ -277,8 +288,7 @@ def test_without_quorum_boots_and_reports_go_on_actions_wait(
     assert node.starts() == before, f"{node.name} switched image without quorum"
     for server in rig.servers:
         boots(rig, server)
-    for each in rig.nodes:
-        dhcp_renews(each, "no quorum")
+    dhcp_renews(rig.nodes, "no quorum")
     assert node.starts() == before, f"{node.name} switched image without quorum"
     for member in lost:
         member.start()
@@ -301,14 +311,44 @@ def test_without_quorum_boots_and_reports_go_on_actions_wait(
 # --- 5. rolling upgrade ------------------------------------------------------------------
 
 
+def start_held_job(rig: Rig, controller: Controller) -> tuple[int, subprocess.Popen[bytes]]:
+    """`srun` (in slurmctld's namespace) of one task on each Slurm node that lasts until
+    released (`Controller.release`); its output in the rig's job.log. Returns the job's id
+    and the srun process, once the step runs on every node."""
+    names = [node.name for node in rig.slurm_nodes]
+    srun = controller.srun_background("-N", str(len(names)), "-J", "held", "bash", "-c",
+                                      held_job(CONTROLLER), log=rig.tmp / "job.log")  # fmt: skip
+    steps = lambda: controller.squeue("-h", "-s", "-n", "held", "-o", "%i %N")  # noqa: E731
+    wait_for(lambda: ".0 " in steps() or srun.poll() is not None, 60,
+             f"the job's step running on {names}", controller.slurmctld_log, rig.tmp / "job.log",
+             seen=steps)  # fmt: skip
+    assert srun.poll() is None, f"srun ended: {tail(rig.tmp / 'job.log')}"
+    job = int(steps().split(".")[0])
+    assert controller.job(job).get("NodeList") == controller.client(
+        "scontrol", "show", "hostlist", ",".join(names)).stdout.strip(), controller.job(job)  # fmt: skip
+    return job, srun
+
+
 def test_rolling_upgrade_keeps_every_job_container_and_address(rig: Rig, tmp_path: Path) -> None:
-    """The job: each container's own long-running process (`sleep`), standing for a Slurm
-    job (the Slurm lab needs VMs). The new code: a copy of the `layerpy` package in another
-    directory, run from there."""
+    """The job: a real Slurm job over the Slurm nodes (srun, a task on each), started
+    before the first instance stops and released after the last is back; and every node's
+    container (its main process: slurmd, or busybox's `sleep`). The new code: a copy of
+    the `layerpy` package in another directory, run from there."""
+    if rig.controller is None:
+        pytest.skip(NO_SLURM)
+    controller = rig.controller
+    everyone = rig.nodes + rig.slurm_nodes
+    names = [node.name for node in rig.slurm_nodes]
     code = tmp_path / "upgrade"
     shutil.copytree(Path(__import__("layerpy").__file__).parent, code / "layerpy")
-    running = {node.name: node.container() for node in rig.nodes}
-    starts = {node.name: node.starts() for node in rig.nodes}
+    running = {node.name: node.container() for node in everyone}
+    starts = {node.name: node.starts() for node in everyone}
+    slurmd = controller.slurmd_started()
+    job, srun = start_held_job(rig, controller)
+    for node in rig.slurm_nodes:  # the prolog's mark: the agent reports the node busy
+        wait_for(lambda n=node: rig.servers[0].node(n.name).get("busy") == "busy", 20,
+                 f"{node.name} busy (the job's prolog)", node.agent_log)  # fmt: skip
+    rolled = time.monotonic()
     for server in rig.servers:
         mine = server.owns()
         server.stop()
@@ -323,8 +363,34 @@ def test_rolling_upgrade_keeps_every_job_container_and_address(rig: Rig, tmp_pat
                  f"{server.name} (new code) live", server.log)  # fmt: skip
         print(f"measured: {server.name} replaced in {time.monotonic() - stopped:.1f} s")
         reports_advance(rig, f"{server.name} upgraded")
-    for node in rig.nodes:
-        dhcp_renews(node, "after the upgrade")
+        assert controller.job(job).get("JobState") == "RUNNING", controller.job(job)
+    print(f"measured: three instances rolled in {time.monotonic() - rolled:.1f} s, "
+          f"job {job} running on {controller.job(job).get('NodeList')}")  # fmt: skip
+    assert srun.poll() is None, f"srun ended: {tail(rig.tmp / 'job.log')}"
+    release = controller.release(CONTROLLER)
+    try:
+        ended = wait_for(lambda: srun.poll() is not None, 60, f"job {job} ending once released",
+                         controller.slurmctld_log, rig.tmp / "job.log",
+                         *(node.agent_log for node in rig.slurm_nodes))  # fmt: skip
+    finally:
+        release.kill()
+        release.wait()
+    print(f"measured: job {job} ended {ended:.1f} s after its release")
+    output = (rig.tmp / "job.log").read_text()
+    assert srun.returncode == 0, f"srun exited {srun.returncode}: {output}"
+    assert sorted(re.findall(r"job done on (\S+)", output)) == names, output
+    wait_for(lambda: controller.job(job).get("JobState") == "COMPLETED", 30,
+             f"job {job} COMPLETED", controller.slurmctld_log, seen=lambda: controller.job(job))  # fmt: skip
+    assert controller.job(job).get("ExitCode") == "0:0", controller.job(job)
+    log = controller.slurmctld_log.read_text(errors="replace")
+    assert f"_job_complete: JobId={job} WEXITSTATUS 0" in log, tail(controller.slurmctld_log)
+    states = controller.client("squeue", "-h", "-t", "all", "-o", "%i %T").stdout.split("\n")
+    failed = [line for line in states if line.strip() and not line.endswith(" COMPLETED")]
+    assert not failed, f"jobs not completed: {failed}"
+    controller.wait_nodes(names, "idle", 30)
+    assert controller.slurmd_started() == slurmd, "a slurmd started again during the upgrade"
+    dhcp_renews(everyone, "after the upgrade")
+    for node in everyone:
         assert node.container() == running[node.name], f"{node.name}'s container changed"
         pid = running[node.name]
         assert pid is not None and Path(f"/proc/{pid[0]}").exists(), f"{node.name}'s job died"
