@@ -17,7 +17,9 @@ none with another address.
 
 Run: `.venv/bin/python bench/storm.py [--nodes 1000] [--window 0] [--kill-at S]` (as root;
 installs nginx-light if missing, disabled at boot and never started outside the bench's
-namespace). N is a multiple of 250.
+namespace). N is a multiple of 250. For its run it raises the kernel's ARP table limits
+(gc_thresh2/3: one table for every namespace) to hold every server's nodes, and puts them
+back after.
 """
 
 from __future__ import annotations
@@ -360,6 +362,8 @@ def instances(pair: Pair, directory: Path, listing: Path, args: argparse.Namespa
             "etcd_cpu": sum(cpu_seconds(pid) for pid in etcd_pids) - etcd_before,
             "rss": sum(peak_rss(p.pid) for p in servers),
             "wall": time.monotonic() - began,
+            # a node takes TFTP (and HTTP) from the instance whose offer reached it first
+            "tftp_by": [(f / "serve.log").read_text().count("tftp: done ") for f in folders],
         }
         for server in servers:
             server.send_signal(signal.SIGTERM)
@@ -490,7 +494,8 @@ def show(args: argparse.Namespace, results: dict[str, dict]) -> None:
             print(f"  the bytes alone need {result['bytes'] / rate:.1f} s at the veth's "
                   f"{rate / 1e9:.2f} GB/s (nginx to curl, same cores)")  # fmt: skip
         if "etcd_cpu" in result:
-            print(f"  etcd's 3 members used {result['etcd_cpu']:.1f} s of CPU besides")
+            print(f"  etcd's 3 members used {result['etcd_cpu']:.1f} s of CPU besides; TFTP "
+                  f"transfers per instance: {', '.join(map(str, result['tftp_by']))}")  # fmt: skip
         if result.get("killed_at") is not None:
             print(
                 f"  layerpy killed (SIGKILL) and restarted at {result['killed_at']:g} s; "
