@@ -323,6 +323,11 @@ def instances(pair: Pair, directory: Path, listing: Path, args: argparse.Namespa
     """The storm against `--instances` layerpy instances on a 3-member etcd (tests/etcd.py),
     each in a namespace of its own on the nodes' bridge (10.80.0.1, .2, ...), the instances
     and etcd's members pinned to SERVER_CPU as the single server is."""
+    # the first instance takes the single server's address: that one's link goes, and the
+    # nodes forget its MAC (left there, it answered ARP for 10.80.0.1 as well, and the
+    # nodes that reached it saw their TFTP and HTTP unanswered)
+    pair.server.run("ip", "link", "set", "s0", "down")
+    pair.nodes.run("ip", "neigh", "flush", "dev", "c0")
     cluster = EtcdCluster(directory / "etcd")
     servers: list[subprocess.Popen] = []
     try:
