@@ -17,7 +17,9 @@ none with another address.
 
 Run: `.venv/bin/python bench/storm.py [--nodes 1000] [--window 0] [--kill-at S]` (as root;
 installs nginx-light if missing, disabled at boot and never started outside the bench's
-namespace). N is a multiple of 250.
+namespace). N is a multiple of 250. For its run it raises the kernel's ARP table limits
+(gc_thresh2/3: one table for every namespace) to hold every server's nodes, and puts them
+back after.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,6 +57,7 @@ PHASES = ("dhcp", "tftp", "dhcp_ipxe", "script", "kernel", "initrd", "dhcp_os", 
           "ready", "image", "active")  # fmt: skip
 SERVER_CPU, CLIENT_CPU = "0", "1"
 BYSTANDER = "10.81.255.254"  # an address of the nodes' namespace that no node has
+NEIGHBOURS = Path("/proc/sys/net/ipv4/neigh/default")
 
 
 def mac(index: int) -> str:
@@ -90,6 +95,31 @@ class Pair:
     def close(self) -> None:
         self.nodes.close()
         self.server.close()
+
+
+@contextmanager
+def neighbour_room(entries: int) -> Iterator[int]:
+    """The kernel's ARP table with room for `entries` for the bench's run, then as it was.
+
+    The table is one for the whole machine, every namespace's entries counted against
+    its limit (gc_thresh3, 1 024 by default); a server on the boot segment needs an entry
+    per node it answers by unicast. Each server of the bench stands for a host, which has
+    a table of its own: here they share one, and a thousand nodes on two instances, beside
+    the one-instance server's entries going stale, overflowed it ("neighbor table
+    overflow!" in the kernel's log): the kernel then dropped replies and the nodes'
+    broadcasts (their entry evicted, no new one made), and the storm failed. Yields
+    the limit in force."""
+    limits = {name: NEIGHBOURS / name for name in ("gc_thresh2", "gc_thresh3")}
+    before = {name: int(path.read_text()) for name, path in limits.items()}
+    raised = {name: max(value, entries) for name, value in before.items()}
+    for name, path in limits.items():
+        path.write_text(str(raised[name]))
+    try:
+        yield raised["gc_thresh3"]
+    finally:
+        for name, path in limits.items():  # unless someone changed it since
+            if int(path.read_text()) == raised[name]:
+                path.write_text(str(before[name]))
 
 
 def files(directory: Path) -> tuple[Path, Path]:
@@ -241,14 +271,41 @@ def storm(pair: Pair, directory: Path, listing: Path, args: argparse.Namespace,
 def start_layerpy(netns: Netns, directory: Path, command: list[str]) -> subprocess.Popen:
     path = directory / "serve.log"
     start = path.stat().st_size if path.exists() else 0  # a restart appends
-    log = path.open("ab")
-    process = netns.popen(command, stdout=log, stderr=log)
+    process = launch(netns, directory, command)
+    serving(directory, process, start)
+    return process
+
+
+def launch(netns: Netns, directory: Path, command: list[str]) -> subprocess.Popen:
+    """`layerpy serve` started, its output appended to directory/serve.log."""
+    with (directory / "serve.log").open("ab") as log:
+        return netns.popen(command, stdout=log, stderr=log)
+
+
+def serving(directory: Path, process: subprocess.Popen, start: int = 0) -> None:
+    """Until the server says it serves (in its log from byte `start` on)."""
+    path = directory / "serve.log"
     deadline = time.monotonic() + 120
     while b"layerpy.server: serving" not in path.read_bytes()[start:]:
         if process.poll() is not None or time.monotonic() > deadline:
             sys.exit(f"layerpy serve did not start: {path.read_text()[-3000:]}")
         time.sleep(0.1)
-    return process
+
+
+def owners(config: Path, count: int) -> dict[str, int]:
+    """Until every node is owned: the nodes each instance owns (`layerpy cluster`)."""
+    deadline = time.monotonic() + 120
+    while True:
+        answer = subprocess.run([str(LAYERPY), "cluster", "-c", str(config), "-o", "json"],
+                                capture_output=True, text=True)  # fmt: skip
+        if answer.returncode == 0:
+            view = json.loads(answer.stdout)
+            owned = {entry["name"]: len(entry["nodes"]) for entry in view["instances"]}
+            if sum(owned.values()) == count:
+                return owned
+        if time.monotonic() > deadline:
+            sys.exit(f"the nodes were not all owned in 120 s: {answer.stdout}{answer.stderr}")
+        time.sleep(0.5)
 
 
 def pulled(directory: Path) -> None:
@@ -266,6 +323,11 @@ def instances(pair: Pair, directory: Path, listing: Path, args: argparse.Namespa
     """The storm against `--instances` layerpy instances on a 3-member etcd (tests/etcd.py),
     each in a namespace of its own on the nodes' bridge (10.80.0.1, .2, ...), the instances
     and etcd's members pinned to SERVER_CPU as the single server is."""
+    # the first instance takes the single server's address: that one's link goes, and the
+    # nodes forget its MAC (left there, it answered ARP for 10.80.0.1 as well, and the
+    # nodes that reached it saw their TFTP and HTTP unanswered)
+    pair.server.run("ip", "link", "set", "s0", "down")
+    pair.nodes.run("ip", "neigh", "flush", "dev", "c0")
     cluster = EtcdCluster(directory / "etcd")
     servers: list[subprocess.Popen] = []
     try:
@@ -273,7 +335,7 @@ def instances(pair: Pair, directory: Path, listing: Path, args: argparse.Namespa
             assert member.proc is not None
             sh("taskset", "-a", "-p", "-c", SERVER_CPU, str(member.proc.pid))
         endpoints = ", ".join(f'"{url}"' for url in cluster.endpoints)
-        folders = []
+        folders, commands = [], []
         for k in range(args.instances):
             place, folder = cluster.add_instance(), directory / f"instance{k}"
             folder.mkdir()
@@ -284,10 +346,17 @@ def instances(pair: Pair, directory: Path, listing: Path, args: argparse.Namespa
             table = f'[cluster]\netcd = [{endpoints}]\nname = "i{k}"\n'
             config = layerpy_config(folder, args.nodes, address, table)
             command = ["taskset", "-c", SERVER_CPU, str(LAYERPY), "serve", "-c", str(config)]
-            servers.append(start_layerpy(place.netns, folder, command))
             folders.append(folder)
+            commands.append((place.netns, command))
+        # started together, as a cluster's instances are: one started alone first takes
+        # every node (ownership never moves to a newcomer), and the storm would run on it
+        servers = [launch(netns, folder, command)
+                   for (netns, command), folder in zip(commands, folders, strict=True)]  # fmt: skip
+        for folder, server in zip(folders, servers, strict=True):
+            serving(folder, server)
         for folder in folders:
             pulled(folder)
+        args.owners = owners(folders[0] / "nodes.toml", args.nodes)
         etcd_pids = [m.proc.pid for m in cluster.members if m.proc is not None]
         before = sum(cpu_seconds(p.pid) for p in servers)
         etcd_before = sum(cpu_seconds(pid) for pid in etcd_pids)
@@ -298,6 +367,8 @@ def instances(pair: Pair, directory: Path, listing: Path, args: argparse.Namespa
             "etcd_cpu": sum(cpu_seconds(pid) for pid in etcd_pids) - etcd_before,
             "rss": sum(peak_rss(p.pid) for p in servers),
             "wall": time.monotonic() - began,
+            # a node takes TFTP (and HTTP) from the instance whose offer reached it first
+            "tftp_by": [(f / "serve.log").read_text().count("tftp: done ") for f in folders],
         }
         for server in servers:
             server.send_signal(signal.SIGTERM)
@@ -305,6 +376,10 @@ def instances(pair: Pair, directory: Path, listing: Path, args: argparse.Namespa
             server.wait(60)
         return result
     finally:
+        for server in servers:  # one that did not start, or would not stop
+            if server.poll() is None:
+                server.kill()
+                server.wait()
         cluster.close()
 
 
@@ -326,23 +401,9 @@ def summary(report: dict, phases: tuple[str, ...]) -> dict:
             "bytes": sum(n["bytes"] for n in nodes), "client_cpu": report["cpu"]}  # fmt: skip
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--window", type=float, default=0.0, help="arrivals spread over s")
-    parser.add_argument("--kill-at", type=float, help="kill -9 and restart layerpy then")
-    parser.add_argument("--no-reference", action="store_true")
-    parser.add_argument("--instances", type=int, default=1,
-                        help="2 or more: also a storm on that many instances on etcd")  # fmt: skip
-    parser.add_argument("--keep", action="store_true", help="keep the logs (the path is said)")
-    args = parser.parse_args()
-    if args.nodes % 250:
-        sys.exit("--nodes must be a multiple of 250")
-    if not args.no_reference and not shutil.which("nginx"):
-        subprocess.run([str(ROOT / "vm-lab" / "install-packages.sh"), "nginx-light"], check=True)
-    directory = Path(tempfile.mkdtemp(prefix="layerpy-storm-"))
-    kernel, initrd = files(directory)
-    listing = node_list(directory, args.nodes)
+def run(args: argparse.Namespace, directory: Path, listing: Path, kernel: Path,
+        initrd: Path) -> dict[str, dict]:  # fmt: skip
+    """The storms asked for, one after another on the same pair of namespaces."""
     results: dict[str, dict] = {}
     pair = Pair()
     try:
@@ -385,6 +446,30 @@ def main() -> None:
             results[f"{args.instances} instances"] = instances(pair, directory, listing, args)
     finally:
         pair.close()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--window", type=float, default=0.0, help="arrivals spread over s")
+    parser.add_argument("--kill-at", type=float, help="kill -9 and restart layerpy then")
+    parser.add_argument("--no-reference", action="store_true")
+    parser.add_argument("--instances", type=int, default=1,
+                        help="2 or more: also a storm on that many instances on etcd")  # fmt: skip
+    parser.add_argument("--keep", action="store_true", help="keep the logs (the path is said)")
+    args = parser.parse_args()
+    if args.nodes % 250:
+        sys.exit("--nodes must be a multiple of 250")
+    if not args.no_reference and not shutil.which("nginx"):
+        subprocess.run([str(ROOT / "vm-lab" / "install-packages.sh"), "nginx-light"], check=True)
+    directory = Path(tempfile.mkdtemp(prefix="layerpy-storm-"))
+    kernel, initrd = files(directory)
+    listing = node_list(directory, args.nodes)
+    # each server's nodes (the one instance's, going stale, and every instance's), and
+    # room for what else runs on the machine
+    with neighbour_room(args.nodes * (args.instances + 1) + 1024) as args.neighbours:
+        results = run(args, directory, listing, kernel, initrd)
     show(args, results)
     if args.keep:
         print(f"logs and reports kept in {directory}")
@@ -398,9 +483,13 @@ def show(args: argparse.Namespace, results: dict[str, dict]) -> None:
         f"boot storm: {args.nodes} simulated nodes, arriving {how}; servers on CPU "
         f"{SERVER_CPU}, nodes on CPU {CLIENT_CPU}"
     )
+    print(f"the kernel's ARP table (one for all namespaces) held up to {args.neighbours} "
+          f"entries for the run: each server's host would have its own")  # fmt: skip
     if args.instances > 1:
+        owned = ", ".join(f"{name} {count}" for name, count in sorted(args.owners.items()))
         print(f"{args.instances} instances: layerpy serve with [cluster] on a 3-member etcd, "
-              f"instances and etcd all on CPU {SERVER_CPU}")  # fmt: skip
+              f"instances and etcd all on CPU {SERVER_CPU}; nodes owned when the storm began: "
+              f"{owned}")  # fmt: skip
     for stack, result in results.items():
         print(f"\n{stack}: {len(result['failed'])} failed, retries {result['retries'] or 0}, "
               f"server CPU {result['cpu']:.1f} s, peak RSS {result['rss']:.0f} MB, "
@@ -410,7 +499,8 @@ def show(args: argparse.Namespace, results: dict[str, dict]) -> None:
             print(f"  the bytes alone need {result['bytes'] / rate:.1f} s at the veth's "
                   f"{rate / 1e9:.2f} GB/s (nginx to curl, same cores)")  # fmt: skip
         if "etcd_cpu" in result:
-            print(f"  etcd's 3 members used {result['etcd_cpu']:.1f} s of CPU besides")
+            print(f"  etcd's 3 members used {result['etcd_cpu']:.1f} s of CPU besides; TFTP "
+                  f"transfers per instance: {', '.join(map(str, result['tftp_by']))}")  # fmt: skip
         if result.get("killed_at") is not None:
             print(
                 f"  layerpy killed (SIGKILL) and restarted at {result['killed_at']:g} s; "

@@ -346,9 +346,11 @@ async def boot(node: Node, args: argparse.Namespace, dhcp: Dhcp, began: float) -
             return
         token = re.search(r"layerpy\.token=(\S+)", text).group(1)
         first = re.search(r"layerpy\.server=http://([0-9.]+)", text)  # the agent's server
+        every = re.search(r"layerpy\.heartbeat=([0-9.]+)", text)
         await dhcp.exchange(node, "os")
         reached("dhcp_os")
-        await agent(node, args, token, first.group(1) if first else args.server, reached)
+        server = first.group(1) if first else args.server
+        await agent(node, args, token, server, float(every.group(1)) if every else 5.0, reached)
     except Failed as error:
         node.error = str(error)
     except Exception as error:  # a simulated node reports its failure, never crashes all
@@ -357,10 +359,12 @@ async def boot(node: Node, args: argparse.Namespace, dhcp: Dhcp, began: float) -
 
 
 async def agent(
-    node: Node, args: argparse.Namespace, token: str, server: str,
+    node: Node, args: argparse.Namespace, token: str, server: str, heartbeat: float,
     reached: Callable[[str], None],
 ) -> None:  # fmt: skip
-    """The minOS's agent: reports to `server` (the first its command line names)."""
+    """The minOS's agent: reports to `server` (the first its command line names). A
+    refused token is asked again a heartbeat later, as the agent does (a cluster's owner
+    learns a token another instance handed out through etcd, a moment later)."""
     http = Http(node, server, args.http_port)
     seq = 0
     image: dict = {"state": "none"}
@@ -378,13 +382,17 @@ async def agent(
             )  # fmt: skip
             if status == 200:
                 return json.loads(answer)
+            if status == 403:
+                node.retried("forbidden")
+                await asyncio.sleep(heartbeat * random.uniform(0.9, 1.1))
+                continue
             node.retried("report")
             await asyncio.sleep(random.uniform(0.5, 1.5))
         raise Failed(f"report {event}: HTTP {status}")
 
     answer = await report("hello")
     reached("hello")
-    heartbeat = float(answer.get("heartbeat", 5))
+    heartbeat = float(answer.get("heartbeat", heartbeat))
     while not answer.get("image"):  # the server assigns the image once the node is ready
         await asyncio.sleep(min(heartbeat, args.poll) * random.uniform(0.9, 1.1))
         answer = await report("heartbeat")

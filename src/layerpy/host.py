@@ -13,6 +13,7 @@ import errno
 import socket
 import struct
 from ipaddress import IPv4Address, IPv4Interface
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ _IFA_ADDRESS, _IFA_LOCAL = 1, 2
 _HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence, port
 _IFADDR = struct.Struct("=BBBBI")  # ifaddrmsg: family, prefix length, flags, scope, index
 _ATTR = struct.Struct("=HH")  # rtattr: length, type
+ARP_LIMIT = Path("/proc/sys/net/ipv4/neigh/default/gc_thresh3")
 
 
 class StartRefused(Exception):
@@ -85,6 +87,28 @@ def interface_problem(name: str, address: IPv4Address) -> str | None:
         held = ", ".join(str(a) for a in present[name]) or "no IPv4 address"
         return f"{name} does not carry {address} (server.address); it has {held}"
     return None
+
+
+def neighbour_warning(config: Config, limit: Path = ARP_LIMIT) -> str | None:
+    """Why the kernel's ARP table may not hold an entry for every node on the boot
+    segment, or None. Each reply the server sends a node on its own subnet (a DHCP
+    unicast, TFTP, HTTP) needs one; past gc_thresh3 the kernel makes no new one and drops
+    the reply ("neighbor table overflow!" in its log, nothing in ours), and the nodes it
+    would have reached fail to boot. The table is the host's, shared by its namespaces."""
+    subnet = config.network.subnet
+    count = sum(1 for node in config.nodes.values() if node.ip is not None and node.ip in subnet)
+    try:
+        most = int(limit.read_text())
+    except (OSError, ValueError):
+        return None  # not Linux, or not readable: nothing to say
+    if count <= most:
+        return None
+    return (
+        f"{count} nodes on {subnet} need an ARP entry each, and this host's table holds "
+        f"{most} (net.ipv4.neigh.default.gc_thresh3): the kernel would drop replies to the "
+        f"rest. Raise it, e.g. sysctl -w net.ipv4.neigh.default.gc_thresh2={2 * count} "
+        f"net.ipv4.neigh.default.gc_thresh3={4 * count} (and in /etc/sysctl.d/)"
+    )
 
 
 def listen_problem(

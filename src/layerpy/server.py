@@ -236,6 +236,8 @@ class Server:
                 raise StartRefused(problem)
         plan = self.plan
         log.info("%s", plan.summary())
+        if (crowded := host.neighbour_warning(self.config)) is not None:
+            log.warning("%s", crowded)
         bad = listeners.BadRequests(lambda: self.stats.count("http", "malformed", ok=False))
         logging.getLogger("aiohttp.server").addFilter(bad)
         self._closers.append(_Detach(logging.getLogger("aiohttp.server"), bad))
