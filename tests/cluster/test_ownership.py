@@ -322,3 +322,32 @@ def test_a_second_instance_of_a_living_name_is_refused(run, etcd_cluster: EtcdCl
     said = etcd_cluster.add_instance().run(second, timeout=30)
     assert said == "another instance named 'a' is alive in etcd"
     assert a.lines[-1]["fresh"]
+
+
+def test_an_instance_registered_again_still_fences_when_quorum_is_lost(
+    run, etcd_cluster: EtcdCluster
+) -> None:
+    """The failure matrix's order: cut off (its lease expires), back with a new lease, one
+    member (the leader) lost and back, then quorum lost: the fence closes within the TTL
+    and says so again (a flake once saw no second ``lost etcd``)."""
+    (a,) = start(run, "a")
+    a.ns.cut()
+    wait_for(lambda: not a.lines[-1]["fresh"], TTL + 1, "fence of a closed by the cut", a)
+    a.ns.restore()
+    wait_for(lambda: "registered in etcd" in a.log().split("is gone")[-1], 30,
+             "a registered again with a new lease", a)  # fmt: skip
+    wait_for(lambda: a.lines[-1]["fresh"], 10, "fence of a fresh again", a)
+    leader = etcd_cluster.leader()
+    leader.kill()
+    leader.start()
+    etcd_cluster.wait_healthy()
+    wait_for(lambda: a.lines[-1]["fresh"], 10, "fence of a fresh with the leader back", a)
+    lost = time.time()
+    for member in etcd_cluster.members[:2]:
+        member.kill()
+    wait_for(lambda: not a.lines[-1]["fresh"], TTL + 1, "fence of a closed without quorum", a)
+    closed = next(line["t1"] for line in a.lines if line["t0"] > lost and not line["fresh"])
+    assert closed - lost <= TTL, f"closed {closed - lost:.1f} s after quorum was lost"
+    wait_for(lambda: a.log().count("lost etcd") == 2, 2, "a saying `lost etcd` again", a)
+    said = a.log()
+    assert said.count("is gone") == 1, f"a keepalive without quorum taken for a lost lease:\n{said}"

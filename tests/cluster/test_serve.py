@@ -136,8 +136,11 @@ class Head:
 
 
 @contextlib.contextmanager
-def heads(etcd_cluster: EtcdCluster, tmp_path: Path, count: int) -> Iterator[list[Head]]:
-    """``count`` instances on one boot segment and a prefix of their own, not started."""
+def heads(
+    etcd_cluster: EtcdCluster, tmp_path: Path, count: int, rest: str = REST
+) -> Iterator[list[Head]]:
+    """``count`` instances on one boot segment and a prefix of their own, not started;
+    ``rest`` is their node files' shared part."""
     prefix = f"/t-{uuid.uuid4().hex[:8]}/layerpy/v1"
     segment = Netns("lpes")
     made: list[Head] = []
@@ -148,7 +151,7 @@ def heads(etcd_cluster: EtcdCluster, tmp_path: Path, count: int) -> Iterator[lis
             segment.run("ip", "addr", "add", f"{SEGMENT}.{11 + node}/24", "dev", "seg0")
         for index in range(count):
             instance = etcd_cluster.add_instance()
-            head = Head(tmp_path, instance, index, etcd_cluster.endpoints, prefix)
+            head = Head(tmp_path, instance, index, etcd_cluster.endpoints, prefix, rest)
             instance.connect(segment.name, "seg0", "boot0", f"{head.address}/24")
             made.append(head)
             # its links up before an instance runs there (it gives etcd 20 s, then refuses)
