@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_serve import NODES, REST, TAKEOVER, Head, all_owned, heads, started, until
 
 from etcd import EtcdCluster
-from test_serve import NODES, REST, TAKEOVER, Head, all_owned, heads, started, until
 
 pytestmark = pytest.mark.netns
 
@@ -95,7 +95,7 @@ def test_only_the_owner_captures_a_console_and_the_capture_follows_a_take_over(
         until(lambda: captured_by_owners([one, two], lines, two),
               "each console captured by its owner alone", logs=(one, two))  # fmt: skip
         owners = two.owners()
-        for node, owner in owners.items():  # never by the other, not even for a moment
+        for node in owners:  # never by the other, not even for a moment
             assert len(lines.ever[node]) == 1, f"{node}'s console was opened by {lines.ever}"
         node = next(node for node, owner in owners.items() if owner == one.name)
         code, text = two.call(f"/api/v1/nodes/{node}/console")
