@@ -100,6 +100,8 @@ def test_only_the_owner_captures_a_console_and_the_capture_follows_a_take_over(
         node = next(node for node, owner in owners.items() if owner == one.name)
         code, text = two.call(f"/api/v1/nodes/{node}/console")
         assert code == 409 and one.name in text and "layerpy console" in text, (code, text)
+        shown = two.cli("console", node)  # the operator's command says where to go
+        assert shown.returncode != 0 and f"instance {one.name}" in shown.stderr, shown
         code, text = one.call(f"/api/v1/nodes/{node}/console")
         assert code == 200 and f"{node} login:" in text, (code, text)
         one.stop()  # a clean stop: its nodes and their consoles go to head2 at once
