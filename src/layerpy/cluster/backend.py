@@ -25,6 +25,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from layerpy.logs import Outage
+
 from .etcd import Compacted, Compare, Etcd, EtcdError, EtcdUnavailable, KeyValue, Op
 
 log = logging.getLogger("layerpy.cluster.backend")
@@ -213,12 +215,14 @@ class EtcdBackend:
                     await asyncio.sleep(1)
                     continue
                 log.warning("etcd backend: %s; reading every record again", error)
+                outage = Outage(log, "etcd backend: reading every record again")
                 while True:
                     try:
                         revision = await self._read_all()
                         break
                     except EtcdUnavailable as error:
-                        log.warning("etcd backend: %s", error)
+                        outage.failed(str(error))
+                outage.ok()
 
     # --- writing behind -------------------------------------------------------------
 
