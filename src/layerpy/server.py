@@ -197,7 +197,8 @@ class Server:
         if peers != self.policy.peers:
             log.info("instances serving this segment besides this one: %s", ", ".join(peers) or "-")
         self.policy.peers = peers
-        self._adopt(self.nodes.nodes)  # an instance left: the nodes it heard may be ours
+        if self.cluster is not None:  # an instance left: the nodes it heard may be ours
+            self._adopt(self.nodes.heard_by_others(self.cluster.members.live))
 
     def _adopt(self, names: Iterable[str]) -> None:
         """Of ``names``, the nodes this instance owns whose hearing instance is gone become
@@ -207,7 +208,8 @@ class Server:
             return
         owners, live, nodes = cluster.owners.owners, cluster.members.live, self.nodes.nodes
         orphans = [name for name in names if owners.get(name) == cluster.name
-                   and (heard := nodes[name].heard_by) and heard not in live]  # fmt: skip
+                   and (heard := nodes[name].heard_by) and heard not in live
+                   and heard != cluster.name]  # fmt: skip
         self.nodes.adopt(orphans)
 
     def ready(self) -> None:
