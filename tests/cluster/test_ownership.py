@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -30,7 +31,7 @@ from layerpy.cluster.etcd import Etcd
 from layerpy.cluster.members import Membership
 from layerpy.cluster.owners import Owners
 
-from etcd import EtcdCluster
+from etcd import EtcdCluster, first_contact
 from netns import unique_name
 
 pytestmark = pytest.mark.netns
@@ -351,3 +352,42 @@ def test_an_instance_registered_again_still_fences_when_quorum_is_lost(
     wait_for(lambda: a.log().count("lost etcd") == 2, 2, "a saying `lost etcd` again", a)
     said = a.log()
     assert said.count("is gone") == 1, f"a keepalive without quorum taken for a lost lease:\n{said}"
+
+
+def test_a_failing_fence_listener_stops_neither_the_keepalives_nor_the_deadline(
+    etcd_cluster: EtcdCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every fence change raises in its listener (the lifecycle's, in serve): the lease is
+    still kept alive for several TTLs, and a cut still closes the fence and says so."""
+    namespace = etcd_cluster.add_instance()
+    prefix = f"/{unique_name('own')}"
+    caplog.set_level(logging.INFO, "layerpy.cluster")
+
+    def fails() -> None:
+        raise RuntimeError("a listener's bug")
+
+    async def scenario() -> None:
+        etcd = Etcd(etcd_cluster.endpoints, timeout=1.0)
+        await first_contact(etcd)
+        members = Membership(etcd, prefix=prefix, name="a", url="http://a:8080", ttl=3)
+        Owners(etcd, members, prefix=prefix, on_fence_change=fails)
+        await members.start()
+        try:
+            start = members.now()
+            while members.now() - start < 3 * members.ttl:  # several keepalive periods
+                assert members.clock.fresh(members.now()), "the keepalives stopped"
+                await asyncio.sleep(0.1)
+            await asyncio.to_thread(namespace.cut)
+            async with asyncio.timeout(members.ttl + 2):
+                while "lost etcd" not in caplog.text:
+                    await asyncio.sleep(0.05)
+        finally:
+            await asyncio.to_thread(namespace.restore, False)
+            await members.stop()
+            await etcd.close()
+
+    try:
+        namespace.run(scenario)
+    finally:
+        etcd_cluster.heal()
+    assert "telling of a change of the etcd lease failed" in caplog.text

@@ -154,7 +154,7 @@ class Membership:
                     self.ttl,
                 )
                 self._renewed.set()
-                self.on_lease()
+                self._tell_lease()
                 return
             await self.etcd.revoke(lease)
             if self.now() >= give_up:
@@ -169,7 +169,7 @@ class Membership:
                 if left <= 0:
                     log.warning("etcd lease %x is gone: registering %s again", lease, self.name)
                     self.clock.lost()
-                    self.on_lease()
+                    self._tell_lease()
                     await self._register(wait_for_name=self.ttl + 1.0)
                     continue
             except (EtcdUnavailable, EtcdError, RuntimeError) as error:
@@ -178,7 +178,7 @@ class Membership:
                 continue
             self.clock.renewed(lease, sent, left)
             self._renewed.set()
-            self.on_lease()
+            self._tell_lease()
             await asyncio.sleep(self.ttl / 3)
 
     async def _watchdog(self) -> None:
@@ -192,11 +192,17 @@ class Membership:
                     continue
                 except TimeoutError:
                     pass
-            try:  # the fence must close at its deadline even if a listener fails
-                self.on_lease()
-            except Exception:
-                log.exception("telling of a stale etcd lease failed (the fence is closed)")
+            self._tell_lease()
             await self._renewed.wait()
+
+    def _tell_lease(self) -> None:
+        """``on_lease``, whose failure is logged and goes no further: it must stop neither
+        the keepalives nor the deadline (a listener that raised once in the keepalive
+        task ended it silently: no more renewals, the fence closed for good)."""
+        try:
+            self.on_lease()
+        except Exception:
+            log.exception("telling of a change of the etcd lease failed")
 
     def _members_changed(self, keys: set[str]) -> None:
         for name in keys:
