@@ -101,33 +101,41 @@ class Throttle:
 class Outage:
     """Something retried while a peer (etcd) is away: one line when it starts, one summary
     a window while it lasts (a throttle that writes none of the retries itself), one line
-    when it ends with the count — not a line per retry. ``what`` is a constant of the call site (the
-    throttle's kind)."""
+    when it ends with the count — not a line per retry. ``what`` is a constant of the call
+    site (the throttle's kind). ``after``: the failures in a row that make an outage (2 for
+    what moves on to another member by itself: one failure is a failover, not news)."""
 
     def __init__(
-        self, logger: logging.Logger, what: str, clock: Callable[[], float] = time.monotonic
+        self,
+        logger: logging.Logger,
+        what: str,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        after: int = 1,
     ) -> None:
-        self.logger, self.what, self.clock = logger, what, clock
+        self.logger, self.what, self.clock, self.after = logger, what, clock, after
         self.throttle = Throttle(logger, clock, burst=0)
-        self.since: float | None = None  # when the outage began (None: none now)
-        self.retries = 0
+        self.since: float | None = None  # when the first failure in a row was
+        self.retries = 0  # failures in a row
 
     def failed(self, reason: str, level: int = logging.WARNING) -> None:
-        self.retries += 1
         if self.since is None:
-            self.since, self.retries = self.clock(), 1
+            self.since = self.clock()
+        self.retries += 1
+        if self.retries == self.after:
             self.logger.log(level, "%s: %s; retrying", self.what, reason)
-        else:
+        elif self.retries > self.after:
             self.throttle.log(self.what, level, "%s: %s; retrying", self.what, reason)
 
     def ok(self) -> None:
         """It worked again (cheap when there was no outage: call it on every success)."""
         if self.since is None:
             return
-        self.throttle.end(self.what)
-        self.logger.info("%s: back after %.1f s (%d failed attempts)", self.what,
-                         self.clock() - self.since, self.retries)  # fmt: skip
-        self.since = None
+        if self.retries >= self.after:
+            self.throttle.end(self.what)
+            self.logger.info("%s: back after %.1f s (%d failed attempts)", self.what,
+                             self.clock() - self.since, self.retries)  # fmt: skip
+        self.since, self.retries = None, 0
 
 
 def flush_all() -> None:

@@ -97,3 +97,22 @@ def test_an_outage_is_a_line_when_it_starts_a_summary_a_window_and_a_line_when_i
         caplog.clear()
         outage.failed("refused")
         assert [r.getMessage() for r in caplog.records] == ["etcd watch of /x/: refused; retrying"]
+
+
+def test_one_failure_that_the_next_attempt_mends_is_no_outage_when_told_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A watch moves on to another member by itself: one failure is a failover, not news."""
+    clock = Clock()
+    outage = logs.Outage(logging.getLogger("layerpy.testfailover"), "watch", clock, after=2)
+    with caplog.at_level(logging.INFO, "layerpy.testfailover"):
+        outage.failed("member gone")
+        outage.ok()
+        assert caplog.records == []
+        outage.failed("member gone")
+        outage.failed("no member")
+        outage.ok()
+        assert [r.getMessage() for r in caplog.records] == [
+            "watch: no member; retrying",
+            "watch: back after 0.0 s (2 failed attempts)",
+        ]

@@ -198,7 +198,7 @@ class Etcd:
         revision seen + 1; while no member answers it keeps trying (the caller cancels it).
         Raises Compacted when the history it needs is gone."""
         next_revision, failed = start_revision, 0
-        outage = Outage(log, f"etcd watch of {prefix}")  # not a line per retry
+        outage = Outage(log, f"etcd watch of {prefix}", after=2)  # a failover is no news
         while True:
             endpoint = self.endpoint
             try:
