@@ -391,3 +391,39 @@ def test_a_failing_fence_listener_stops_neither_the_keepalives_nor_the_deadline(
     finally:
         etcd_cluster.heal()
     assert "telling of a change of the etcd lease failed" in caplog.text
+
+
+def test_a_leader_without_quorum_renews_no_lease_that_the_fence_counts(
+    etcd_cluster: EtcdCluster,
+) -> None:
+    """etcd 3.4's leader renews leases by itself, without quorum, until it steps down (up
+    to two election timeouts): a keepalive it answers then must not count, or the fence
+    stays open past the TTL after quorum is lost. The two followers are killed."""
+    namespace = etcd_cluster.add_instance()
+    prefix = f"/{unique_name('own')}"
+
+    async def scenario() -> tuple[float, float]:
+        etcd = Etcd([etcd_cluster.leader().url], timeout=1.0)  # the member that stays
+        await first_contact(etcd)
+        members = Membership(etcd, prefix=prefix, name="a", url="http://a:8080", ttl=3)
+        await members.start()
+        try:
+            leader = etcd_cluster.leader()
+            followers = [m for m in etcd_cluster.members if m is not leader]
+            await asyncio.to_thread(lambda: [m.kill() for m in followers])
+            killed = members.now()
+            async with asyncio.timeout(members.ttl + 2):  # closes within the TTL, not later
+                while members.clock.fresh(members.now()):
+                    await asyncio.sleep(0.05)
+            return killed, members.clock.deadline
+        finally:
+            await members.stop()
+            await etcd.close()
+
+    try:
+        killed, deadline = namespace.run(scenario)
+    finally:
+        etcd_cluster.heal()
+    assert deadline <= killed + 3 - 1.0, (  # sent before the kill + TTL - margin
+        f"a keepalive sent {deadline - 2.0 - killed:.2f} s after quorum was lost counted"
+    )
