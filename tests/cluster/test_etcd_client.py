@@ -333,7 +333,7 @@ def test_a_watch_cut_off_from_etcd_says_so_once_and_once_when_back(
     held = ("etcd", "etcd watch of /t9/")
 
     async def scenario() -> None:
-        writer, watcher = Etcd(cluster.endpoints), Etcd(cluster.endpoints, timeout=0.5)
+        writer, watcher = Etcd(cluster.endpoints), Etcd(cluster.endpoints)
         await writer.open()
         await watcher.open()
         seen: list[WatchEvent] = []
