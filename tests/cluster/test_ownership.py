@@ -331,12 +331,15 @@ def test_an_instance_registered_again_still_fences_when_quorum_is_lost(
     """The failure matrix's order: cut off (its lease expires), back with a new lease, one
     member (the leader) lost and back, then quorum lost: the fence closes within the TTL
     and says so again (a flake once saw no second ``lost etcd``)."""
+    observer = run("--observe")
     (a,) = start(run, "a")
     a.ns.cut()
     wait_for(lambda: not a.lines[-1]["fresh"], TTL + 1, "fence of a closed by the cut", a)
+    wait_for(lambda: observer.lines and "a" not in observer.lines[-1]["live"], 2 * TTL,
+             "a's lease expired in etcd", a)  # fmt: skip
     a.ns.restore()
-    wait_for(lambda: "registered in etcd" in a.log().split("is gone")[-1], 30,
-             "a registered again with a new lease", a)  # fmt: skip
+    wait_for(lambda: "is gone" in a.log() and "registered in etcd" in a.log().split("is gone")[-1],
+             30, "a registered again with a new lease", a)  # fmt: skip
     wait_for(lambda: a.lines[-1]["fresh"], 10, "fence of a fresh again", a)
     leader = etcd_cluster.leader()
     leader.kill()
