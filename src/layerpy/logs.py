@@ -85,11 +85,57 @@ class Throttle:
             if now - window.start >= self.window:
                 self._close(kind, window, now)
 
+    def end(self, kind: str) -> None:
+        """The kind's trouble is over (and the caller says how much there was): forget its
+        window without a summary, so its next line is written at once (a new outage is
+        news)."""
+        self._windows.pop(kind, None)
+
     def _close(self, kind: str, window: _Window, now: float) -> None:
         del self._windows[kind]
         if window.held:
             self.logger.log(window.level, "%s: … %d more like this in the last %.0f s",
                             kind, window.held, now - window.start)  # fmt: skip
+
+
+class Outage:
+    """Something retried while a peer (etcd) is away: one line when it starts, one summary
+    a window while it lasts (a throttle that writes none of the retries itself), one line
+    when it ends with the count — not a line per retry. ``what`` is a constant of the call
+    site (the throttle's kind). ``after``: the failures in a row that make an outage (2 for
+    what moves on to another member by itself: one failure is a failover, not news)."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        what: str,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        after: int = 1,
+    ) -> None:
+        self.logger, self.what, self.clock, self.after = logger, what, clock, after
+        self.throttle = Throttle(logger, clock, burst=0)
+        self.since: float | None = None  # when the first failure in a row was
+        self.retries = 0  # failures in a row
+
+    def failed(self, reason: str, level: int = logging.WARNING) -> None:
+        if self.since is None:
+            self.since = self.clock()
+        self.retries += 1
+        if self.retries == self.after:
+            self.logger.log(level, "%s: %s; retrying", self.what, reason)
+        elif self.retries > self.after:
+            self.throttle.log(self.what, level, "%s: %s; retrying", self.what, reason)
+
+    def ok(self) -> None:
+        """It worked again (cheap when there was no outage: call it on every success)."""
+        if self.since is None:
+            return
+        if self.retries >= self.after:
+            self.throttle.end(self.what)
+            self.logger.info("%s: back after %.1f s (%d failed attempts)", self.what,
+                             self.clock() - self.since, self.retries)  # fmt: skip
+        self.since, self.retries = None, 0
 
 
 def flush_all() -> None:

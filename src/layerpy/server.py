@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from ipaddress import IPv4Address
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -77,6 +78,9 @@ class Server:
         self.plan = budget.plan(budget.raise_limit())  # what each subsystem may hold
         self.consoles = Consoles(config.server.state_dir / "consoles", self.nodes.saw_console,
                                  most=self.plan.consoles)  # fmt: skip
+        self.consoles.elsewhere = self._console_elsewhere
+        self._console_specs: dict[str, PowerSpec] = {}  # the file's, captured here or not
+        self._console_sync_planned = False
         self._closers: list[object] = []
         self._runners: list[web.AppRunner] = []
         self._neighbours: Neighbours | None = None  # other DHCP servers on the segment
@@ -86,7 +90,7 @@ class Server:
         """Tell the cluster where this instance hears it: the shared file's check and
         apply, the fence, the peers and the owners."""
         cluster.attach(check=self._check_shared, apply=self._apply_shared,
-                       fence_changed=self.lifecycle.fence_changed,
+                       fence_changed=self._fence_changed,
                        on_peers=self._set_peers, on_owners=self._show_owners)  # fmt: skip
         self.policy.owner_url = cluster.owner_url
         self.stats.registry.register(cluster.metrics())
@@ -159,11 +163,51 @@ class Server:
                          for name, owner in owners.items() if name in nodes)  # fmt: skip
         self._adopt(name for name in owners if name in nodes)
 
+    def _sync_consoles(self, config: Config | None = None) -> None:
+        """Capture the consoles of the file (``config``: a new one) that are this instance's:
+        in a cluster, only of the nodes its fence lets it act on. A BMC serves one SOL
+        session, so two instances capturing one console would take it from each other: the
+        owner captures, a take-over moves the capture, a closed fence stops it."""
+        self._console_sync_planned = False
+        if config is not None:
+            self._console_specs = _console_specs(config)
+        specs = self._console_specs
+        if self.cluster is not None:
+            fence = self.cluster.fence
+            specs = {name: spec for name, spec in specs.items() if fence.allows(name)}
+        self.consoles.sync(specs)
+
+    def _fence_changed(self) -> None:
+        """The fence may allow other nodes now: the lifecycle looks at what it held, and the
+        consoles follow (once for a burst of changes: claims come in many watch events)."""
+        self.lifecycle.fence_changed()
+        if not self._console_sync_planned:
+            self._console_sync_planned = True
+            asyncio.get_running_loop().call_soon(self._sync_consoles)
+
+    def _console_elsewhere(self, node: str) -> str | None:
+        """Why this instance does not capture ``node``'s console although the file gives
+        it one, and where to ask (None: the file gives it none)."""
+        cluster = self.cluster
+        if cluster is None or node not in self._console_specs:
+            return None
+        why = cluster.fence.why_not(node)
+        if why is None:
+            return f"the console of {node} is being opened here: try again in a moment"
+        owner = cluster.owners.owners.get(node)
+        instance = cluster.members.live.get(owner) if owner else None
+        said = f"the console of {node} is captured by its owner only: {why}"
+        if instance is not None and owner != cluster.name:
+            host = urlsplit(instance.url).hostname
+            said += f"; run `layerpy console {node}` on instance {owner}'s host ({host})"
+        return said
+
     def _set_peers(self, peers: tuple[str, ...]) -> None:
         if peers != self.policy.peers:
             log.info("instances serving this segment besides this one: %s", ", ".join(peers) or "-")
         self.policy.peers = peers
-        self._adopt(self.nodes.nodes)  # an instance left: the nodes it heard may be ours
+        if self.cluster is not None:  # an instance left: the nodes it heard may be ours
+            self._adopt(self.nodes.heard_by_others(self.cluster.members.live))
 
     def _adopt(self, names: Iterable[str]) -> None:
         """Of ``names``, the nodes this instance owns whose hearing instance is gone become
@@ -173,7 +217,8 @@ class Server:
             return
         owners, live, nodes = cluster.owners.owners, cluster.members.live, self.nodes.nodes
         orphans = [name for name in names if owners.get(name) == cluster.name
-                   and (heard := nodes[name].heard_by) and heard not in live]  # fmt: skip
+                   and (heard := nodes[name].heard_by) and heard not in live
+                   and heard != cluster.name]  # fmt: skip
         self.nodes.adopt(orphans)
 
     def ready(self) -> None:
@@ -197,7 +242,7 @@ class Server:
         self.nodes.apply_change(change)
         self.catalog.sync(config)
         if added or removed or changed:  # a console is a node's: else none changed
-            self.consoles.sync(_console_specs(config))
+            self._sync_consoles(config)
         await self.lifecycle.applied(config, added, removed, changed)
         await asyncio.to_thread(retired.clear)
         if added or changed:  # else the file made nothing that lives on (compare)
@@ -256,7 +301,7 @@ class Server:
             )
         )
         self.catalog.sync(self.config)  # images pull in the background
-        self.consoles.sync(_console_specs(self.config))
+        self._sync_consoles(self.config)
         if server.dhcp != "off":
             assert server.interface is not None
             if server.dhcp_probe:

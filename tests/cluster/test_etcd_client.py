@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 
 import aiohttp
 import pytest
 
+from layerpy import logs
 from layerpy.cluster.etcd import (
     WATCH_IDLE,
     Compacted,
@@ -320,3 +322,52 @@ def test_a_watch_leaves_a_member_that_lost_its_leader(
 
     took = instance.run(scenario)
     assert took < WATCH_IDLE, f"the watch took {took:.1f} s to leave the leaderless member"
+
+
+def test_a_watch_cut_off_from_etcd_says_so_once_and_once_when_back(
+    cluster: EtcdCluster, instance: Instance, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not a line per retry while no member answers: one when the outage begins, one when
+    the watch works again (the summaries of a long one: tests/unit/test_logs.py)."""
+    caplog.set_level(logging.INFO, "layerpy.etcd")
+    held = ("etcd", "etcd watch of /t9/")
+
+    async def scenario() -> None:
+        writer, watcher = Etcd(cluster.endpoints), Etcd(cluster.endpoints)
+        await writer.open()
+        await watcher.open()
+        seen: list[WatchEvent] = []
+        start = await writer.put("/t9-start", b"") + 1  # (an earlier test compacts history)
+
+        async def watch() -> None:
+            async for events in watcher.watch("/t9/", start):
+                seen.extend(events)
+
+        watching = asyncio.create_task(watch())
+        try:
+            await writer.put("/t9/a", b"1")
+            await _until(lambda: len(seen) == 1, "the first event")
+            retries = logs.suppressed[held]
+            await asyncio.to_thread(instance.cut)
+            await _until(lambda: logs.suppressed[held] >= retries + 3, "three retries held back")
+            await asyncio.to_thread(instance.restore)
+            await writer.put("/t9/b", b"2")
+            await _until(lambda: len(seen) == 2, "the event after the outage")
+        finally:
+            await asyncio.to_thread(instance.restore, False)
+            watching.cancel()
+            await writer.close()
+            await watcher.close()
+
+    instance.run(scenario)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith(held[1])]
+    assert len(said) == 2 and "retrying" in said[0] and "back after" in said[1], said
+
+
+async def _until(condition, what: str, timeout: float = 30) -> None:
+    try:
+        async with asyncio.timeout(timeout):
+            while not condition():
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        raise AssertionError(f"waited {timeout} s for {what}") from None

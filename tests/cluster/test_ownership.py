@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,7 +26,7 @@ from layerpy.cluster.members import Membership
 from layerpy.cluster.owners import Owners
 
 from cluster_instance import Process, owners
-from etcd import EtcdCluster
+from etcd import EtcdCluster, first_contact
 from netns import unique_name
 
 pytestmark = pytest.mark.netns
@@ -272,3 +273,110 @@ def test_a_second_instance_of_a_living_name_is_refused(run, etcd_cluster: EtcdCl
     said = etcd_cluster.add_instance().run(second, timeout=30)
     assert said == "another instance named 'a' is alive in etcd"
     assert a.lines[-1]["fresh"]
+
+
+def test_an_instance_registered_again_still_fences_when_quorum_is_lost(
+    run, etcd_cluster: EtcdCluster
+) -> None:
+    """The failure matrix's order: cut off (its lease expires), back with a new lease, one
+    member (the leader) lost and back, then quorum lost: the fence closes within the TTL
+    and says so again (a flake once saw no second ``lost etcd``)."""
+    observer = run("--observe")
+    (a,) = start(run, "a")
+    a.ns.cut()
+    wait_for(lambda: not a.lines[-1]["fresh"], TTL + 1, "fence of a closed by the cut", a)
+    wait_for(lambda: observer.lines and "a" not in observer.lines[-1]["live"], 2 * TTL,
+             "a's lease expired in etcd", a)  # fmt: skip
+    a.ns.restore()
+    wait_for(lambda: "is gone" in a.log() and "registered in etcd" in a.log().split("is gone")[-1],
+             30, "a registered again with a new lease", a)  # fmt: skip
+    wait_for(lambda: a.lines[-1]["fresh"], 10, "fence of a fresh again", a)
+    leader = etcd_cluster.leader()
+    leader.kill()
+    leader.start()
+    etcd_cluster.wait_healthy()
+    wait_for(lambda: a.lines[-1]["fresh"], 10, "fence of a fresh with the leader back", a)
+    lost = time.time()
+    for member in etcd_cluster.members[:2]:
+        member.kill()
+    wait_for(lambda: not a.lines[-1]["fresh"], TTL + 1, "fence of a closed without quorum", a)
+    closed = next(line["t1"] for line in a.lines if line["t0"] > lost and not line["fresh"])
+    assert closed - lost <= TTL, f"closed {closed - lost:.1f} s after quorum was lost"
+    wait_for(lambda: a.log().count("lost etcd") == 2, 2, "a saying `lost etcd` again", a)
+    said = a.log()
+    assert said.count("is gone") == 1, f"a keepalive without quorum taken for a lost lease:\n{said}"
+
+
+def test_a_failing_fence_listener_stops_neither_the_keepalives_nor_the_deadline(
+    etcd_cluster: EtcdCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every fence change raises in its listener (the lifecycle's, in serve): the lease is
+    still kept alive for several TTLs, and a cut still closes the fence and says so."""
+    namespace = etcd_cluster.add_instance()
+    prefix = f"/{unique_name('own')}"
+    caplog.set_level(logging.INFO, "layerpy.cluster")
+
+    def fails() -> None:
+        raise RuntimeError("a listener's bug")
+
+    async def scenario() -> None:
+        etcd = Etcd(etcd_cluster.endpoints, timeout=1.0)
+        await first_contact(etcd)
+        members = Membership(etcd, prefix=prefix, name="a", url="http://a:8080", ttl=3)
+        Owners(etcd, members, prefix=prefix, on_fence_change=fails)
+        await members.start()
+        try:
+            start = members.now()
+            while members.now() - start < 3 * members.ttl:  # several keepalive periods
+                assert members.clock.fresh(members.now()), "the keepalives stopped"
+                await asyncio.sleep(0.1)
+            await asyncio.to_thread(namespace.cut)
+            async with asyncio.timeout(members.ttl + 2):
+                while "lost etcd" not in caplog.text:
+                    await asyncio.sleep(0.05)
+        finally:
+            await asyncio.to_thread(namespace.restore, False)
+            await members.stop()
+            await etcd.close()
+
+    try:
+        namespace.run(scenario)
+    finally:
+        etcd_cluster.heal()
+    assert "telling of a change of the etcd lease failed" in caplog.text
+
+
+def test_a_leader_without_quorum_renews_no_lease_that_the_fence_counts(
+    etcd_cluster: EtcdCluster,
+) -> None:
+    """etcd 3.4's leader renews leases by itself, without quorum, until it steps down (up
+    to two election timeouts): a keepalive it answers then must not count, or the fence
+    stays open past the TTL after quorum is lost. The two followers are killed."""
+    namespace = etcd_cluster.add_instance()
+    prefix = f"/{unique_name('own')}"
+
+    async def scenario() -> tuple[float, float]:
+        etcd = Etcd([etcd_cluster.leader().url], timeout=1.0)  # the member that stays
+        await first_contact(etcd)
+        members = Membership(etcd, prefix=prefix, name="a", url="http://a:8080", ttl=3)
+        await members.start()
+        try:
+            leader = etcd_cluster.leader()
+            followers = [m for m in etcd_cluster.members if m is not leader]
+            await asyncio.to_thread(lambda: [m.kill() for m in followers])
+            killed = members.now()
+            async with asyncio.timeout(members.ttl + 2):  # closes within the TTL, not later
+                while members.clock.fresh(members.now()):
+                    await asyncio.sleep(0.05)
+            return killed, members.clock.deadline
+        finally:
+            await members.stop()
+            await etcd.close()
+
+    try:
+        killed, deadline = namespace.run(scenario)
+    finally:
+        etcd_cluster.heal()
+    assert deadline <= killed + 3 - 1.0, (  # sent before the kill + TTL - margin
+        f"a keepalive sent {deadline - 2.0 - killed:.2f} s after quorum was lost counted"
+    )

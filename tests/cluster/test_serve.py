@@ -129,9 +129,10 @@ class Head:
 
 
 @contextlib.contextmanager
-def heads(cluster: EtcdCluster, files: Callable[..., InstanceFile], count: int
-          ) -> Iterator[list[Head]]:  # fmt: skip
-    """``count`` instances on one boot segment and the test's prefix, not started."""
+def heads(cluster: EtcdCluster, files: Callable[..., InstanceFile], count: int,
+          rest: str = REST) -> Iterator[list[Head]]:  # fmt: skip
+    """``count`` instances on one boot segment and the test's prefix, not started;
+    ``rest`` is their node files' shared part."""
     segment = Netns("lpes")
     made: list[Head] = []
     try:
@@ -142,7 +143,7 @@ def heads(cluster: EtcdCluster, files: Callable[..., InstanceFile], count: int
         for index in range(count):
             instance = cluster.add_instance()
             address = f"{SEGMENT}.{index + 1}"
-            head = Head(files(f"head{index + 1}", own_server(address), REST), instance, address)
+            head = Head(files(f"head{index + 1}", own_server(address), rest), instance, address)
             instance.connect(segment.name, "seg0", "boot0", f"{head.address}/24")
             made.append(head)
             # its links up before an instance runs there (it gives etcd 20 s, then refuses)

@@ -73,3 +73,46 @@ def test_lines_held_back_are_in_the_metrics(caplog: pytest.LogCaptureFixture) ->
             quiet.log("bad request", logging.INFO, "no")
     text = asyncio.run(Stats().exposition()).decode()
     assert 'layerpy_log_suppressed_total{kind="bad request",subsystem="testmetric"} 7.0' in text
+
+
+def test_an_outage_is_a_line_when_it_starts_a_summary_a_window_and_a_line_when_it_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A retry every 0.5 s for three windows: not a line per retry; a second outage is
+    news again at once."""
+    clock = Clock()
+    outage = logs.Outage(logging.getLogger("layerpy.testoutage"), "etcd watch of /x/", clock)
+    with caplog.at_level(logging.INFO, "layerpy.testoutage"):
+        outage.ok()  # nothing to say: no outage
+        for _ in range(int(3 * WINDOW / 0.5)):
+            outage.failed("no etcd member answered")
+            clock.now += 0.5
+            logs.flush_all()
+        outage.ok()
+        said = [record.getMessage() for record in caplog.records]
+        assert said[0] == "etcd watch of /x/: no etcd member answered; retrying"
+        assert len(said) == 1 + 2 + 1, said  # begun, a summary a window, over (with the count)
+        assert all("more like this in the last 60 s" in line for line in said[1:3]), said
+        assert said[-1] == f"etcd watch of /x/: back after {3 * WINDOW:.1f} s (360 failed attempts)"
+        caplog.clear()
+        outage.failed("refused")
+        assert [r.getMessage() for r in caplog.records] == ["etcd watch of /x/: refused; retrying"]
+
+
+def test_one_failure_that_the_next_attempt_mends_is_no_outage_when_told_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A watch moves on to another member by itself: one failure is a failover, not news."""
+    clock = Clock()
+    outage = logs.Outage(logging.getLogger("layerpy.testfailover"), "watch", clock, after=2)
+    with caplog.at_level(logging.INFO, "layerpy.testfailover"):
+        outage.failed("member gone")
+        outage.ok()
+        assert caplog.records == []
+        outage.failed("member gone")
+        outage.failed("no member")
+        outage.ok()
+        assert [r.getMessage() for r in caplog.records] == [
+            "watch: no member; retrying",
+            "watch: back after 0.0 s (2 failed attempts)",
+        ]

@@ -25,6 +25,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from layerpy.logs import Outage
+
 from .etcd import Compacted, Compare, Etcd, EtcdError, EtcdUnavailable, KeyValue, Op
 
 log = logging.getLogger("layerpy.cluster.backend")
@@ -32,16 +34,15 @@ log = logging.getLogger("layerpy.cluster.backend")
 # nodes/backend.py's kinds
 KINDS = ("tokens", "bindings", "leases", "overrides", "observed", "assigned", "clients")
 BATCH = 64  # writes per transaction (etcd's --max-txn-ops defaults to 128)
-MAX_QUEUED = 1 << 20  # distinct keys waiting for etcd (one write per key: see the docstring)
+# distinct keys waiting for etcd (one write per key: see the docstring) past which the
+# instance holds (stops acting: `on_backlog`) until half are written; nothing is refused or
+# dropped, since the queue never holds more keys than the mirror does
+MAX_QUEUED = 1 << 20
 
 Record = dict[str, Any]
 Callback = Callable[[str, str, Record | None], None]
 Write = tuple[str, str, Record, Record | None]  # kind, key, record, the record it replaces
 _GONE = object()
-
-
-class BackendFull(Exception):
-    """More distinct keys wait for etcd than MAX_QUEUED (etcd away for very long)."""
 
 
 class EtcdBackend:
@@ -51,8 +52,13 @@ class EtcdBackend:
         instance: str,
         prefix: str = "/layerpy/v1",
         kinds: Iterable[str] = KINDS,
+        max_queued: int = MAX_QUEUED,
     ) -> None:
         self._etcd, self.instance = etcd, instance
+        self.max_queued = max_queued
+        self.backed_up = False  # more than max_queued wait, and not yet half drained
+        # told True when the queue passes max_queued, False when half of that drained
+        self.on_backlog: Callable[[bool], None] = lambda backed_up: None
         self._prefix = prefix.rstrip("/") + "/"
         self._mirror: dict[str, dict[str, Record]] = {kind: {} for kind in kinds}
         self._seen: dict[tuple[str, str], tuple[int, int]] = {}  # (current at, mod_revision)
@@ -209,21 +215,29 @@ class EtcdBackend:
                     await asyncio.sleep(1)
                     continue
                 log.warning("etcd backend: %s; reading every record again", error)
+                outage = Outage(log, "etcd backend: reading every record again")
                 while True:
                     try:
                         revision = await self._read_all()
                         break
                     except EtcdUnavailable as error:
-                        log.warning("etcd backend: %s", error)
+                        outage.failed(str(error))
+                outage.ok()
 
     # --- writing behind -------------------------------------------------------------
 
+    @property
+    def queued(self) -> int:
+        """Writes waiting for etcd (one per key)."""
+        return len(self._queue)
+
     def _enqueue(self, kind: str, key: str, value: bytes | None) -> None:
-        if (kind, key) not in self._queue and len(self._queue) >= MAX_QUEUED:
-            raise BackendFull(f"{len(self._queue)} writes wait for etcd")
         self._queue[kind, key] = value
         self._drained.clear()
         self._wake.set()
+        if not self.backed_up and len(self._queue) > self.max_queued:
+            self.backed_up = True
+            self.on_backlog(True)
 
     async def _write(self) -> None:
         pause, away = 0.1, False
@@ -263,6 +277,9 @@ class EtcdBackend:
                     if result is not None:
                         mod = 0 if value is None else result.revision
                         self._settle_write(where, result.revision, mod)
+            if self.backed_up and len(self._queue) <= self.max_queued // 2:
+                self.backed_up = False
+                self.on_backlog(False)
 
     def _settle_write(self, where: tuple[str, str], at: int, mod: int) -> None:
         if at > self._seen.get(where, (0, 0))[0]:

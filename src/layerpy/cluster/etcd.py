@@ -18,11 +18,13 @@ import itertools
 import json
 import logging
 import ssl
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+
+from layerpy.logs import Outage
 
 from . import wire
 from .wire import (
@@ -196,24 +198,27 @@ class Etcd:
         revision seen + 1; while no member answers it keeps trying (the caller cancels it).
         Raises Compacted when the history it needs is gone."""
         next_revision, failed = start_revision, 0
+        outage = Outage(log, f"etcd watch of {prefix}", after=2)  # a failover is no news
         while True:
             endpoint = self.endpoint
             try:
-                async for events in self._watch_once(endpoint, prefix, next_revision):
+                async for events in self._watch_once(endpoint, prefix, next_revision, outage.ok):
                     failed = 0
                     next_revision = events[-1].kv.mod_revision + 1
                     yield events
                 raise _Retry("the stream ended")
             except _Retry as error:
-                log.info("etcd watch on %s: %s; resuming at %d", endpoint, error, next_revision)
+                outage.failed(f"{endpoint}: {error}, resuming at {next_revision}", logging.INFO)
                 self._next(endpoint)
                 failed += 1
                 if failed % len(self.endpoints) == 0:
                     await asyncio.sleep(min(self.timeout, 0.1 * failed))
 
     async def _watch_once(
-        self, endpoint: str, prefix: str, start: int
+        self, endpoint: str, prefix: str, start: int, answered: Callable[[], None]
     ) -> AsyncIterator[list[WatchEvent]]:
+        """One stream from one member; ``answered`` is called on each message that is not
+        an error (the watch works)."""
         session = self._open_session()
         try:
             async with asyncio.timeout(self.timeout):
@@ -252,6 +257,7 @@ class Etcd:
                     raise Compacted(message.compact_revision)
                 if message.canceled:
                     raise _Retry("the watch was canceled")
+                answered()
                 if message.events:
                     yield message.events
 

@@ -63,15 +63,23 @@ class Fence:
         self._owner_of = owner_of  # the instance etcd names as a node's owner, for why_not
         self.owned: dict[str, int] = {}
         self._open = False  # what was last said (logged and told) about the lease
+        self.held: str | None = None  # why this instance holds itself (None: it does not)
+        self.holds = 0  # times it held itself, for /metrics
 
     def allows(self, name: str) -> bool:
         clock = self._clock
-        return self.owned.get(name) == clock.lease != 0 and clock.fresh(self._now())
+        return (
+            self.owned.get(name) == clock.lease != 0
+            and clock.fresh(self._now())
+            and self.held is None
+        )
 
     def why_not(self, name: str) -> str | None:
         """None when allowed, else a sentence for the operator."""
         if not self._clock.fresh(self._now()):
             return "this instance lost etcd (its lease is not known fresh): it acts on no node"
+        if self.held is not None:
+            return f"this instance holds: {self.held}"
         if self.owned.get(name) != self._clock.lease:
             owner = self._owner_of(name)
             return f"{name} is owned by instance {owner}" if owner else f"{name} has no owner yet"
@@ -90,6 +98,20 @@ class Fence:
             changed = changed or self.allows(node) != before
         if changed:
             self._on_change()
+
+    def hold(self, why: str | None) -> None:
+        """Act on no node while ``why`` (None: act again), whatever the lease: the instance's
+        writes to etcd are backed up, so what it would decide could not be kept. Logs one
+        line when the hold begins and one when it ends, and tells the lifecycle."""
+        if (why is None) == (self.held is None):
+            return
+        if why is not None:
+            self.holds += 1
+            log.warning("holding: %s; acting on no node until then (boots go on)", why)
+        else:
+            log.info("no longer holding (%s): acting on the nodes this instance owns", self.held)
+        self.held = why
+        self._on_change()
 
     def check(self) -> bool:
         """Compare the lease's freshness with what was last said: log one line and tell the

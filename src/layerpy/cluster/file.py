@@ -41,6 +41,7 @@ from layerpy.cluster.etcd import (
 )
 from layerpy.config import ReloadRefused
 from layerpy.config.shared import rest_differs
+from layerpy.logs import Outage
 from layerpy.text import printable
 
 log = logging.getLogger("layerpy.cluster.file")
@@ -136,11 +137,13 @@ class SharedFile(Generic[T]):
         """Forever: a verdict on every other instance's proposal, and every committed
         revision applied in order. Survives etcd's absence (it waits and resumes)."""
         reread = True  # first: a proposal made before this instance followed is judged too
+        outage = Outage(log, "following the cluster's node file")
         while True:
             try:
                 if reread:
                     await self._catch_up()
                     reread = False
+                    outage.ok()
                 watch = self.etcd.watch(self._file, self._seen + 1)
                 async with contextlib.aclosing(watch):
                     async for events in watch:
@@ -151,7 +154,7 @@ class SharedFile(Generic[T]):
                 log.warning("etcd's history of the node file was compacted; reading it again")
                 reread = True
             except (EtcdError, EtcdUnavailable) as error:
-                log.warning("following the cluster's node file: %s; retrying", error)
+                outage.failed(str(error))
                 await asyncio.sleep(RETRY)
 
     async def propose(self, text: str) -> T:

@@ -62,6 +62,7 @@ class ClusterInstance:
         self.owners = Owners(self.etcd, self.members, prefix=cluster.prefix,
                              on_fence_change=lambda: self.fence_changed())  # fmt: skip
         self.fence = self.owners.fence
+        self.backend.on_backlog = self._backlog
         segment = ip_network(cluster.segment) if cluster.segment else config.network.subnet
         # the segment's discovery pool is owned like a node (by an instance of the segment),
         # so one instance answers the machines no node claims, behind its fence
@@ -205,9 +206,23 @@ class ClusterInstance:
 
     def metrics(self) -> ClusterMetrics:
         """The cluster's gauges, for the server's registry."""
-        members = self.members
-        return ClusterMetrics(self._node_owners, lambda: members.live,
-                              lambda: members.clock.fresh(members.now()))  # fmt: skip
+        members, fence, backend = self.members, self.fence, self.backend
+        return ClusterMetrics(
+            self._node_owners, lambda: members.live,
+            lambda: members.clock.fresh(members.now()) and fence.held is None,
+            queued=lambda: backend.queued, holds=lambda: fence.holds,
+        )  # fmt: skip
+
+    def _backlog(self, backed_up: bool) -> None:
+        """The store's writes wait for etcd past the backend's limit (etcd away or slow for
+        long, or a flood of changes): hold, so nothing is decided that could not be kept,
+        until half are written. Boots and reports go on from the mirror; nothing is lost."""
+        limit = self.backend.max_queued
+        self.fence.hold(
+            f"more than {limit} writes wait for etcd, until {limit // 2} are left"
+            if backed_up
+            else None
+        )
 
     def _node_owners(self) -> dict[str, str]:
         """Each node's owner (the pool's is not a node's)."""

@@ -2,7 +2,8 @@
 that lease, and the live instances (docs/ha.md, "Ownership and fencing").
 
 The lease is granted for ``ttl`` seconds and kept alive every ttl/3 (client-go's retry period);
-each answered keepalive moves the local deadline (``fence.LeaseClock``). When etcd says the
+each answered keepalive, confirmed by a linearizable read (etcd's leader answers keepalives
+without quorum), moves the local deadline (``fence.LeaseClock``). When etcd says the
 lease is gone, a new one is granted and the record put again: the instance's owner keys went
 with the old lease, and ownership claims afresh only what is still unowned.
 """
@@ -117,6 +118,8 @@ class Membership:
             asyncio.create_task(self._watchdog(), name="cluster-deadline"),
             asyncio.create_task(self._mirror.run(), name="cluster-instances"),
         ]
+        for task in self._tasks:
+            task.add_done_callback(_ended)
 
     async def stop(self) -> None:
         """Leave: revoke the lease, so this instance's record and owner keys go at once and
@@ -154,7 +157,7 @@ class Membership:
                     self.ttl,
                 )
                 self._renewed.set()
-                self.on_lease()
+                self._tell_lease()
                 return
             await self.etcd.revoke(lease)
             if self.now() >= give_up:
@@ -169,16 +172,20 @@ class Membership:
                 if left <= 0:
                     log.warning("etcd lease %x is gone: registering %s again", lease, self.name)
                     self.clock.lost()
-                    self.on_lease()
+                    self._tell_lease()
                     await self._register(wait_for_name=self.ttl + 1.0)
                     continue
+                # etcd 3.4's leader renews a lease by itself, without quorum, until it steps
+                # down (up to two election timeouts): only a linearizable read (confirmed by
+                # a quorum) after the keepalive makes its answer count
+                await self.etcd.get(self.key_prefix + self.name)
             except (EtcdUnavailable, EtcdError, RuntimeError) as error:
                 log.debug("keepalive: %s", error)
                 await asyncio.sleep(min(0.5, self.ttl / 10))
                 continue
             self.clock.renewed(lease, sent, left)
             self._renewed.set()
-            self.on_lease()
+            self._tell_lease()
             await asyncio.sleep(self.ttl / 3)
 
     async def _watchdog(self) -> None:
@@ -192,11 +199,17 @@ class Membership:
                     continue
                 except TimeoutError:
                     pass
-            try:  # the fence must close at its deadline even if a listener fails
-                self.on_lease()
-            except Exception:
-                log.exception("telling of a stale etcd lease failed (the fence is closed)")
+            self._tell_lease()
             await self._renewed.wait()
+
+    def _tell_lease(self) -> None:
+        """``on_lease``, whose failure is logged and goes no further: it must stop neither
+        the keepalives nor the deadline (a listener that raised once in the keepalive
+        task ended it silently: no more renewals, the fence closed for good)."""
+        try:
+            self.on_lease()
+        except Exception:
+            log.exception("telling of a change of the etcd lease failed")
 
     def _members_changed(self, keys: set[str]) -> None:
         for name in keys:
@@ -215,3 +228,11 @@ class Membership:
         while len(self.gone) > GONE_KEPT:
             del self.gone[min(self.gone, key=self.gone.__getitem__)]
         self.on_members()
+
+
+def _ended(task: asyncio.Task[None]) -> None:
+    """Each of membership's tasks runs until stopped: one that ends otherwise is a bug that
+    would leave the lease unrenewed or the fence unwatched, said at once, not at the stop."""
+    if not task.cancelled():
+        log.error("%s ended: %r (the lease is no longer kept alive: restart this instance)",
+                  task.get_name(), task.exception())  # fmt: skip

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable
 
 from layerpy.cluster.etcd import Compacted, Etcd, EtcdError, EtcdUnavailable, KeyValue
+from layerpy.logs import Outage
 
 log = logging.getLogger("layerpy.cluster")
 
@@ -26,6 +27,7 @@ class Mirror:
         self.revision = 0  # the revision the copy is at (0: not read yet)
         self._on_change = on_change
         self._retry = retry
+        self._outage = Outage(log, f"reading {prefix}")
 
     async def run(self) -> None:
         """Follow the prefix until cancelled."""
@@ -46,7 +48,7 @@ class Mirror:
             except Compacted:
                 log.info("watch of %s compacted: reading it again", self.prefix)
             except (EtcdUnavailable, EtcdError) as error:
-                log.warning("watch of %s: %s; reading it again", self.prefix, error)
+                self._outage.failed(str(error))
                 await asyncio.sleep(self._retry)
 
     async def _read(self) -> None:
@@ -54,4 +56,5 @@ class Mirror:
         fresh = {kv.key[len(self.prefix) :]: kv for kv in kvs}
         changed = set(fresh) | set(self.kvs)
         self.kvs, self.revision = fresh, revision
+        self._outage.ok()
         self._on_change(changed)

@@ -105,19 +105,29 @@ class Consoles:
         self.most = most  # consoles captured at once: the descriptor plan's share
         self._consoles: dict[str, _Console] = {}
         self._flusher: asyncio.Task[None] | None = None
+        self._closed = False
+        self._said_most = 0  # the count of consoles the plan's warning was last given for
+        # why a node's console is not captured here though it has one, and where it is
+        # (an instance of a cluster captures only its own nodes'); None: it has none
+        self.elsewhere: Callable[[str], str | None] = lambda node: None
 
     def sync(self, specs: dict[str, PowerSpec]) -> None:
         """Capture exactly these nodes' consoles (a reload adds, drops and changes some),
-        as many as the descriptor plan has room for: those first in name order."""
+        as many as the descriptor plan has room for: those first in name order. Nothing
+        after ``close``."""
+        if self._closed:
+            return
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         if self.most is not None and len(specs) > self.most:
             names = sorted(specs)
             left = names[self.most :]
-            log.warning(
-                "%d consoles in the node file, room for %d in the descriptor plan: not "
-                "capturing %s%s; raise LimitNOFILE (docs/scale.md)", len(specs), self.most,
-                ", ".join(left[:5]), f" and {len(left) - 5} more" if len(left) > 5 else "",
-            )  # fmt: skip
+            if self._said_most != len(specs):  # once per count: a cluster syncs often
+                self._said_most = len(specs)
+                log.warning(
+                    "%d consoles in the node file, room for %d in the descriptor plan: not "
+                    "capturing %s%s; raise LimitNOFILE (docs/scale.md)", len(specs), self.most,
+                    ", ".join(left[:5]), f" and {len(left) - 5} more" if len(left) > 5 else "",
+                )  # fmt: skip
             specs = {name: specs[name] for name in names[: self.most]}
         for node in list(self._consoles):
             if node not in specs or specs[node] != self._consoles[node].spec:
@@ -146,6 +156,7 @@ class Consoles:
             _offer(viewer, None)
 
     async def close(self) -> None:
+        self._closed = True
         tasks = [c.task for c in self._consoles.values() if c.task is not None]
         for node in list(self._consoles):
             self._stop(node)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from ipaddress import IPv4Address
@@ -117,6 +117,7 @@ class NodeStore:
         self._dirty: set[str] = set()  # nodes whose observed record is to be written
         self._sent: dict[str, Record] = {}  # the observed record last written, per node
         self.nodes = {name: Node(cfg) for name, cfg in config.nodes.items()}
+        self._hearing: dict[str, set[str]] = {}  # instance → the nodes whose heard_by it is
         bound = self.backend.load(BINDINGS).items()
         self.identities = Identities(
             {n: r["mac"] for n, r in bound if isinstance(r.get("mac"), str)}
@@ -184,6 +185,17 @@ class NodeStore:
         self._write_observed()
 
     # -- the other instances of a cluster ------------------------------------------------
+
+    def heard_by_others(self, live: Container[str]) -> list[str]:
+        """The nodes last heard by an instance other than this one that is not in ``live``
+        (gone): found through an index by hearing instance, so a membership change costs
+        what the gone instances heard, not a pass over every node."""
+        found = []
+        for instance, names in self._hearing.items():
+            if instance != self.instance and instance not in live:
+                found += [n for n in names if (node := self.nodes.get(n)) and
+                          node.heard_by == instance]  # fmt: skip
+        return found
 
     def adopt(self, names: Iterable[str]) -> None:
         """Nodes this instance now owns whose hearing instance is gone (killed, or cut off
@@ -308,11 +320,22 @@ class NodeStore:
             )
         if "ip" in changed:
             self.identities.readdress(node, before["ip"])
+        if "heard_by" in changed:
+            self._heard(node.name, before["heard_by"], node.heard_by)
         if node.last_report is not None and "last_report" in changed:
             self.liveness.heard(node.name, node.last_report)
         if not quiet:
             self._changed(node)
         self.feed.publish(node.name, "observed", changed, why, quiet)
+
+    def _heard(self, name: str, before: str | None, now: str | None) -> None:
+        """Keep the index of nodes by hearing instance (heard_by_others)."""
+        if before is not None and (names := self._hearing.get(before)) is not None:
+            names.discard(name)
+            if not names:
+                del self._hearing[before]
+        if now is not None:
+            self._hearing.setdefault(now, set()).add(name)
 
     def _event(self, event: Event) -> None:
         """Logged too (a few lines a minute of the kinds the boot network can repeat)."""

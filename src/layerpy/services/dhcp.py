@@ -48,6 +48,7 @@ MESSAGE_NAMES = {
     dhcp.INFORM: "inform",
 }
 NEIGHBOUR_CHECK = 600.0  # seconds between looks for another DHCP server while serving
+PEERS_AGAIN = 0.25  # seconds between reads of the cluster's instances while one may register
 REMEMBERED = 4096
 """Clients whose last logged outcome is kept, so a repeating one is logged once."""
 
@@ -287,7 +288,7 @@ class Neighbours:
     ) -> None:
         """``peers``: the addresses of the other instances of a cluster, whose answers are
         the cluster's own; one that starts answering just before it registers is looked
-        for again once, ``settle`` seconds later."""
+        for among them again and again, for up to ``settle`` seconds."""
         assert server.interface is not None
         self.server, self.interface = server, server.interface
         self.peers, self.settle = peers, settle
@@ -299,9 +300,18 @@ class Neighbours:
         found = set(await other_servers(self.interface, server.address, server.dhcp_probe))
         if self.peers is None or not found:
             return found
-        found -= await self.peers()
-        if found and self.settle:
-            await asyncio.sleep(self.settle)
+        return await self.not_peers(found)
+
+    async def not_peers(self, found: set[IPv4Address]) -> set[IPv4Address]:
+        """Of the servers ``found``, those that are not instances of the cluster: read
+        again every PEERS_AGAIN seconds, for up to ``settle``, so a peer that answered
+        just before it registered is known as soon as it has (not one TTL later), and
+        only a server that is none of ours waits the whole ``settle``."""
+        assert self.peers is not None
+        found = found - await self.peers()
+        give_up = asyncio.get_running_loop().time() + self.settle
+        while found and asyncio.get_running_loop().time() < give_up:
+            await asyncio.sleep(PEERS_AGAIN)
             found -= await self.peers()
         return found
 

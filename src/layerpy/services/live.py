@@ -302,7 +302,10 @@ def _console_of(request: web.Request) -> str:
     name = request.match_info["name"]
     if name not in request.app[NODES].nodes:
         raise web.HTTPNotFound(text=f"no node named {printable(name, 64)}\n")
-    if not request.app[CONSOLES].has(name):
+    consoles = request.app[CONSOLES]
+    if not consoles.has(name):
+        if (elsewhere := consoles.elsewhere(name)) is not None:
+            raise web.HTTPConflict(text=elsewhere + "\n")
         raise web.HTTPConflict(
             text=f'{name} has no console: give its bmc a console ("sol", or the path of '
             "its serial socket) in the node file\n"
