@@ -4,12 +4,13 @@ not a pass over every node."""
 
 from __future__ import annotations
 
-from layerpy.nodes import NodeStore
 from layerpy.nodes.effects import Observe
+
+from stores import local_store
 
 
 def test_the_nodes_a_gone_instance_heard_and_only_those(make_config) -> None:
-    store = NodeStore(make_config())
+    store = local_store(make_config())
     assert store.heard_by_others(set()) == []
     store.apply([Observe("cn001", {"heard_by": "a"}), Observe("cn002", {"heard_by": "b"})])
     assert store.heard_by_others({"a", "b"}) == []
