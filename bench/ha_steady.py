@@ -65,7 +65,9 @@ CLIENT = "10.3.255.254"
 NODE_ROUTES = ("10.2.0.0/16", "10.3.0.0/17", "10.3.128.0/18", "10.3.192.0/21")  # big_ip's
 METRICS = ("etcd_server_proposals_committed_total", "etcd_mvcc_put_total",
            "etcd_mvcc_delete_total", "etcd_mvcc_txn_total")  # fmt: skip
+SHORT = dict(zip(METRICS, ("proposals", "puts", "deletes", "txns"), strict=True))
 GROUP = 25_000
+COUNTS = ("sent", "ok", "failed", "late", "cpu")  # in bench/agents.py's lines, from its start
 STOP_WITHIN = 30.0  # seconds from SIGTERM to a server's exit before it is killed
 PREFIX = "/layerpy/v1"  # [cluster] prefix's default
 
@@ -195,7 +197,7 @@ class Client:
 
     def last(self) -> dict[str, Any]:
         counts = [line for line in self.lines if "sent" in line]
-        return counts[-1] if counts else {"booted": 0}
+        return counts[-1] if counts else dict.fromkeys(("booted", *COUNTS), 0)
 
     def tell(self, line: str) -> None:
         assert self.proc.stdin is not None
@@ -337,22 +339,22 @@ def show(rows: list[dict]) -> None:
                   f"{etcd.get('etcd_mvcc_txn_total', float('nan')):>7.1f} {cpu:>14} "
                   f"{per_report:>13.3f} {figures['journal']:>11.0f}")  # fmt: skip
         boot, total = row["boot"], row["boot"]["etcd_total"]
-        per_boot = {k.removeprefix("etcd_"): v / row["nodes"] for k, v in total.items()}
+        per_boot = {SHORT[k]: v / row["nodes"] for k, v in total.items()}
         print(f"        boot: {row['nodes'] / boot['seconds']:.0f} boots/s "
               f"({boot['seconds']:.0f} s), server CPU "
               f"{1000 * sum(boot['cpu']) * boot['seconds'] / row['nodes']:.2f} ms a boot"
               + "".join(f", {v:.3f} {k}" for k, v in per_boot.items()) + " a boot")  # fmt: skip
         stops = ", ".join(f"{s:.1f}" for s in row["stop_s"])
-        print(
-            f"        start: serving after {row['serving_s']:.0f} s, every node owned "
-            f"{row['owning_s']:.0f} s later; stop after SIGTERM: {stops} s; load {row['load']}"
-        )
+        print(f"        start: serving after {row['serving_s']:.0f} s, every node owned "
+              f"{row['owning_s']:.0f} s later"
+              + "".join(f", {v:.0f} {SHORT[k]}" for k, v in row["start_etcd"].items())
+              + f"; stop after SIGTERM: {stops} s; load {row['load']}")  # fmt: skip
         total = row["change"]["etcd_total"]
         if total:
             print(
                 f"        change: {row['rebooted']} nodes rebooted in "
                 f"{row['change']['seconds']:.1f} s: "
-                + ", ".join(f"{v:.0f} {k.removeprefix('etcd_')}" for k, v in total.items())
+                + ", ".join(f"{v:.0f} {SHORT[k]}" for k, v in total.items())
             )
         if row["steady"]["failed"] or row["steady"]["late"]:
             print(f"        steady: {row['steady']['failed']} reports failed, "

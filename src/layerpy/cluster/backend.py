@@ -3,7 +3,8 @@
 At open every record under the prefix is read at one revision into a mirror, and a watch
 follows from that revision, so `load` is synchronous and other instances' changes arrive
 through `on_change`. `put`/`delete` change the mirror at once and queue the write; a writer
-task sends the queue to etcd in order, up to BATCH writes per transaction. While etcd is away
+task sends the queue to etcd in order, up to BATCH writes per transaction (one that would not
+be full first waits LINGER for more, unless a caller awaits the queue). While etcd is away
 the queue waits (the instance keeps serving from its mirror) and is sent when etcd returns; a
 key written again while queued keeps its place with the newer record, so the queue holds at
 most one write per key. `create`/`replace` are compare-and-swap transactions the caller awaits.
@@ -33,6 +34,7 @@ log = logging.getLogger("layerpy.cluster.backend")
 # nodes/backend.py's kinds
 KINDS = ("tokens", "bindings", "leases", "overrides", "observed", "assigned", "clients")
 BATCH = 64  # writes per transaction (etcd's --max-txn-ops defaults to 128)
+LINGER = 0.1  # seconds a transaction that is not full waits for more writes (see _write)
 MAX_QUEUED = 1 << 20  # distinct keys waiting for etcd (one write per key: see the docstring)
 
 Record = dict[str, Any]
@@ -62,6 +64,7 @@ class EtcdBackend:
         self._drained = asyncio.Event()
         self._drained.set()
         self._hurry = asyncio.Event()  # stopping: the writer skips its back-off
+        self._now = asyncio.Event()  # someone awaits the queue: no lingering
         self._callbacks: list[Callback] = []
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -79,6 +82,7 @@ class EtcdBackend:
         queued, loop = len(self._queue), asyncio.get_running_loop()
         began = loop.time()
         self._hurry.set()  # no back-off pause: try now
+        self._now.set()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(within):
                 await self.flush()
@@ -141,6 +145,7 @@ class EtcdBackend:
         return await self._swap([(kind, key, record) for kind, key, record, _ in writes], compares)
 
     async def flush(self) -> None:
+        self._now.set()
         await self._drained.wait()
 
     def on_change(self, callback: Callback) -> None:
@@ -255,7 +260,14 @@ class EtcdBackend:
             if not self._queue:
                 self._drained.set()
                 self._wake.clear()
+                self._now.clear()
                 await self._wake.wait()
+                # a boot writes its token and several observed records within moments: a
+                # key written again while it waits goes once, and a fuller transaction is
+                # one raft proposal for more writes (fewer for the other instances to apply)
+                if len(self._queue) < size and not self._now.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._now.wait(), LINGER)
                 continue
             batch = list(itertools.islice(self._queue.items(), size))  # not the whole queue
             ops = [
