@@ -371,13 +371,14 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=10.0, help="s after the last boot")
     parser.add_argument("--window", type=float, default=20.0, help="s of steady state measured")
     parser.add_argument("--single-only", action="store_true", help="no etcd, one instance")
+    parser.add_argument("--etcd-only", action="store_true", help="no single-instance reference")
     parser.add_argument("--keep", action="store_true", help="keep the logs (the path is said)")
     args = parser.parse_args()
     directory = Path(tempfile.mkdtemp(prefix="layerpy-steady-"))
     rows = []
     try:
         for nodes in (int(size) for size in args.sizes.split(",")):
-            for clustered in (False, True)[: 1 if args.single_only else 2]:
+            for clustered in (False, True)[args.etcd_only : 1 if args.single_only else 2]:
                 here = directory / f"{nodes}-{'etcd' if clustered else 'single'}"
                 here.mkdir()
                 rows.append(measure(nodes, args, here, clustered))
