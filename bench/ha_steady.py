@@ -10,6 +10,10 @@ process pinned to CPU 1; the servers pinned to CPU 0) boot every node once (its 
 script from its own address, a hello), node i on instance i % 2, then report a heartbeat per
 node every interval. Per size (`--sizes`) and setup:
 
+- start: from the servers' start until every node is owned (the instances' claims), etcd's
+  writes; the boots start only then.
+- boot: from the first boot to the last, boots a second, server CPU and etcd's writes per
+  boot (`--boot-rate` bounds the boots a second; by default 256 boot at once).
 - steady: after every node has booted and `--settle` s have passed, a window of `--window`
   s: etcd's writes (the raft proposals committed, `etcd_server_proposals_committed_total`,
   and the key-value puts, deletes and transactions, `etcd_mvcc_{put,delete,txn}_total`, read
@@ -17,6 +21,8 @@ node every interval. Per size (`--sizes`) and setup:
   reports answered, and for the single instance the bytes its journals grew.
 - change: then 10 % of the nodes boot again (new boot token, new boot id: what a power
   cycle does), and the same figures are taken from the command to the last hello + 1 s.
+- stop: SIGTERM to each server while the agents still report; the seconds to its exit
+  (killed after STOP_WITHIN, and said).
 
 The heartbeat interval is `--interval` (5 s, the default of `[server] heartbeat`) unless
 that would ask more than `--max-rate` reports a second of the one client process: then
@@ -26,7 +32,8 @@ the figure at a 5 s heartbeat can be extrapolated (heartbeats write nothing to e
 rate: that is the point).
 
 Run as root: `.venv/bin/python bench/ha_steady.py [--sizes 1000,10000] [--window 20]`
-(`--sizes 100000` for the largest; `--single-only` without etcd).
+(`--sizes 100000` for the largest; `--single-only` without etcd, `--etcd-only` without the
+single-instance reference).
 """
 
 from __future__ import annotations
