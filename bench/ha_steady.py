@@ -14,7 +14,8 @@ node every interval. Per size (`--sizes`) and setup:
   writes; the boots start only then.
 - boot: from the first boot to the last, boots a second, server CPU and etcd's writes per
   boot (`--boot-rate` bounds the boots a second; by default 256 boot at once).
-- steady: after every node has booted and `--settle` s have passed, a window of `--window`
+- steady: after every node has booted and an interval + `--settle` s have passed (each
+  node's first heartbeat, init -> ready, is a change written once), a window of `--window`
   s: etcd's writes (the raft proposals committed, `etcd_server_proposals_committed_total`,
   and the key-value puts, deletes and transactions, `etcd_mvcc_{put,delete,txn}_total`, read
   from a member's /metrics before and after), each server's CPU (/proc/PID/stat), the
@@ -300,7 +301,7 @@ def measure(nodes: int, args: argparse.Namespace, directory: Path, clustered: bo
         wait_for(lambda: client.last()["booted"] >= nodes, 120 + nodes / slowest,
                  f"{nodes} nodes booted", *servers)  # fmt: skip
         boot = difference(before, sample(servers, client, cluster, where))
-        time.sleep(args.settle)
+        time.sleep(args.settle + interval)  # a node's first heartbeat makes it ready: a change
         before = sample(servers, client, cluster, where)
         time.sleep(args.window)
         steady = difference(before, sample(servers, client, cluster, where))
