@@ -127,14 +127,19 @@ class Agents:
             connection.close()
 
     async def boot_all(self, indexes: list[int]) -> None:
+        """Up to --boot-concurrency at once, and (--boot-rate) at most so many a second."""
         gate = asyncio.Semaphore(self.args.boot_concurrency)
+        loop, rate = asyncio.get_running_loop(), self.args.boot_rate
+        start = loop.time()
 
-        async def one(index: int) -> None:
+        async def one(k: int, index: int) -> None:
+            if rate:
+                await asyncio.sleep(max(0.0, start + k / rate - loop.time()))
             async with gate:
                 await self.boot(index)
                 self.counts["booted"] += 1
 
-        await asyncio.gather(*(one(i) for i in indexes))
+        await asyncio.gather(*(one(k, i) for k, i in enumerate(indexes)))
 
     async def beat(self, index: int) -> None:
         pool = self.pools[self.route[index]]
@@ -205,6 +210,7 @@ async def main() -> None:
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between beats")
     parser.add_argument("--connections", type=int, default=32, help="per server")
     parser.add_argument("--boot-concurrency", type=int, default=256)
+    parser.add_argument("--boot-rate", type=float, default=0, help="boots a second (0: any)")
     args = parser.parse_args()
     agents = Agents(args)
     await asyncio.gather(agents.say(), agents.boot_all(list(range(len(agents.nodes)))),

@@ -10,13 +10,20 @@ process pinned to CPU 1; the servers pinned to CPU 0) boot every node once (its 
 script from its own address, a hello), node i on instance i % 2, then report a heartbeat per
 node every interval. Per size (`--sizes`) and setup:
 
-- steady: after every node has booted and `--settle` s have passed, a window of `--window`
+- start: from the servers' start until every node is owned (the instances' claims), etcd's
+  writes; the boots start only then.
+- boot: from the first boot to the last, boots a second, server CPU and etcd's writes per
+  boot (`--boot-rate` bounds the boots a second; by default 256 boot at once).
+- steady: after every node has booted and an interval + `--settle` s have passed (each
+  node's first heartbeat, init -> ready, is a change written once), a window of `--window`
   s: etcd's writes (the raft proposals committed, `etcd_server_proposals_committed_total`,
   and the key-value puts, deletes and transactions, `etcd_mvcc_{put,delete,txn}_total`, read
   from a member's /metrics before and after), each server's CPU (/proc/PID/stat), the
   reports answered, and for the single instance the bytes its journals grew.
 - change: then 10 % of the nodes boot again (new boot token, new boot id: what a power
   cycle does), and the same figures are taken from the command to the last hello + 1 s.
+- stop: SIGTERM to each server while the agents still report; the seconds to its exit
+  (killed after STOP_WITHIN, and said).
 
 The heartbeat interval is `--interval` (5 s, the default of `[server] heartbeat`) unless
 that would ask more than `--max-rate` reports a second of the one client process: then
@@ -26,7 +33,8 @@ the figure at a 5 s heartbeat can be extrapolated (heartbeats write nothing to e
 rate: that is the point).
 
 Run as root: `.venv/bin/python bench/ha_steady.py [--sizes 1000,10000] [--window 20]`
-(`--sizes 100000` for the largest; `--single-only` without etcd).
+(`--sizes 100000` for the largest; `--single-only` without etcd, `--etcd-only` without the
+single-instance reference).
 """
 
 from __future__ import annotations
@@ -65,7 +73,11 @@ CLIENT = "10.3.255.254"
 NODE_ROUTES = ("10.2.0.0/16", "10.3.0.0/17", "10.3.128.0/18", "10.3.192.0/21")  # big_ip's
 METRICS = ("etcd_server_proposals_committed_total", "etcd_mvcc_put_total",
            "etcd_mvcc_delete_total", "etcd_mvcc_txn_total")  # fmt: skip
+SHORT = dict(zip(METRICS, ("proposals", "puts", "deletes", "txns"), strict=True))
 GROUP = 25_000
+COUNTS = ("sent", "ok", "failed", "late", "cpu")  # in bench/agents.py's lines, from its start
+STOP_WITHIN = 30.0  # seconds from SIGTERM to a server's exit before it is killed
+PREFIX = "/layerpy/v1"  # [cluster] prefix's default
 
 
 def name_of(index: int) -> str:
@@ -140,16 +152,21 @@ class Server:
     def journal_bytes(self) -> int:
         return sum(p.stat().st_size for p in (self.directory / "state").rglob("*.jsonl"))
 
-    def stop(self) -> None:
-        """SIGTERM, and SIGKILL after 60 s (an instance of 100 000 nodes was slower)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                print(f"not stopped 60 s after SIGTERM, killed: see {self.log}", flush=True)
-                self.proc.kill()
-                self.proc.wait()
+    def stop(self) -> float:
+        """SIGTERM; the seconds to exit (SIGKILL after STOP_WITHIN: said, and infinite)."""
+        if self.proc.poll() is not None:
+            return 0.0
+        asked = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(STOP_WITHIN)
+        except subprocess.TimeoutExpired:
+            print(f"not stopped {STOP_WITHIN:g} s after SIGTERM, killed: see {self.log}",
+                  flush=True)  # fmt: skip
+            self.proc.kill()
+            self.proc.wait()
+            return float("inf")
+        return time.monotonic() - asked
 
 
 def wait_for(condition: Callable[[], object], timeout: float, what: str, *servers: Server) -> None:
@@ -165,9 +182,11 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str, *server
 class Client:
     """bench/agents.py in the nodes' namespace; its last JSON lines."""
 
-    def __init__(self, segment: Segment, listing: Path, servers: list[str], interval: float):
+    def __init__(self, segment: Segment, listing: Path, servers: list[str], interval: float,
+                 boot_rate: float) -> None:  # fmt: skip
         command = ["taskset", "-c", CLIENT_CPU, str(PYTHON), str(AGENTS), "--nodes", str(listing),
-                   "--servers", ",".join(servers), "--interval", f"{interval:g}"]  # fmt: skip
+                   "--servers", ",".join(servers), "--interval", f"{interval:g}",
+                   "--boot-rate", f"{boot_rate:g}"]  # fmt: skip
         with (listing.parent / "agents.log").open("wb") as log:
             self.proc = segment.netns.popen(
                 command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log
@@ -186,7 +205,7 @@ class Client:
 
     def last(self) -> dict[str, Any]:
         counts = [line for line in self.lines if "sent" in line]
-        return counts[-1] if counts else {"booted": 0}
+        return counts[-1] if counts else dict.fromkeys(("booted", *COUNTS), 0)
 
     def tell(self, line: str) -> None:
         assert self.proc.stdin is not None
@@ -209,6 +228,18 @@ def etcd_counts(cluster: EtcdCluster | None, where: Netns | None) -> dict[str, f
         match = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
         found[name] = float(match.group(1)) if match else float("nan")
     return found
+
+
+def owned(cluster: EtcdCluster) -> int:
+    """How many owner keys etcd holds (the nodes' and the discovery pool's)."""
+    said = cluster.etcdctl(cluster.members[0], "get", "--prefix", "--keys-only", "--limit=1",
+                           "--write-out=json", f"{PREFIX}/owners/")  # fmt: skip
+    return int(json.loads(said.stdout).get("count", 0)) if said.returncode == 0 else 0
+
+
+def load() -> str:
+    """The machine's load averages (1, 5, 15 min): other work shares these 2 cores."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def sample(servers: list[Server], client: Client, cluster, where) -> dict[str, Any]:
@@ -244,6 +275,8 @@ def measure(nodes: int, args: argparse.Namespace, directory: Path, clustered: bo
         places = (
             [cluster.add_instance().netns for _ in range(count)] if cluster else [Netns("lphs")]
         )
+        where = places[0] if cluster else None
+        unstarted = etcd_counts(cluster, where)
         for k, place in enumerate(places):
             segment.join(place, ADDRESSES[k])
             own = directory / f"server{k}"
@@ -254,14 +287,21 @@ def measure(nodes: int, args: argparse.Namespace, directory: Path, clustered: bo
                 table = f'[cluster]\netcd = [{endpoints}]\nname = "i{k}"\n'
             servers.append(Server(place, own, node_file(own, nodes, ADDRESSES[k], interval, table)))
         # started together, the instances split the nodes (one started alone takes them all)
+        began = time.monotonic()
         wait_for(lambda: all(s.serving() for s in servers), 300, "layerpy serve started", *servers)
+        serving = time.monotonic() - began
+        if cluster:  # the boots measured are boots, not boots beside the start's claims
+            wait_for(lambda: owned(cluster) > nodes, 600, "every node owned", *servers)
+        owning = time.monotonic() - began - serving
+        started = {k: v - unstarted[k] for k, v in etcd_counts(cluster, where).items()}
         listing = node_list(directory, nodes)
-        started = time.monotonic()
-        client = Client(segment, listing, list(ADDRESSES[:count]), interval)
-        wait_for(lambda: client.last()["booted"] >= nodes, 600, f"{nodes} nodes booted", *servers)
-        booted = time.monotonic()
-        time.sleep(args.settle)
-        where = places[0] if cluster else None
+        client = Client(segment, listing, list(ADDRESSES[:count]), interval, args.boot_rate)
+        before = sample(servers, client, cluster, where)
+        slowest = min(args.boot_rate or 50, 50)  # boots/s
+        wait_for(lambda: client.last()["booted"] >= nodes, 120 + nodes / slowest,
+                 f"{nodes} nodes booted", *servers)  # fmt: skip
+        boot = difference(before, sample(servers, client, cluster, where))
+        time.sleep(args.settle + interval)  # a node's first heartbeat makes it ready: a change
         before = sample(servers, client, cluster, where)
         time.sleep(args.window)
         steady = difference(before, sample(servers, client, cluster, where))
@@ -272,8 +312,11 @@ def measure(nodes: int, args: argparse.Namespace, directory: Path, clustered: bo
         change = difference(before, sample(servers, client, cluster, where))
         rebooted = next(line["rebooted"] for line in client.lines if "rebooted" in line)
         setup = "2 instances on etcd" if cluster else "1 instance, no etcd"
-        return {"nodes": nodes, "interval": interval, "setup": setup, "steady": steady,
-                "change": change, "rebooted": rebooted, "boot_s": booted - started}  # fmt: skip
+        row = {"nodes": nodes, "interval": interval, "setup": setup, "steady": steady,
+               "change": change, "rebooted": rebooted, "boot": boot, "serving_s": serving,
+               "owning_s": owning, "start_etcd": started, "load": load()}  # fmt: skip
+        row["stop_s"] = [server.stop() for server in servers]  # the agents still reporting
+        return row
     finally:
         if client is not None:
             client.stop()
@@ -303,12 +346,23 @@ def show(rows: list[dict]) -> None:
                   f"{etcd.get('etcd_mvcc_put_total', float('nan')):>7.1f} "
                   f"{etcd.get('etcd_mvcc_txn_total', float('nan')):>7.1f} {cpu:>14} "
                   f"{per_report:>13.3f} {figures['journal']:>11.0f}")  # fmt: skip
+        boot, total = row["boot"], row["boot"]["etcd_total"]
+        per_boot = {SHORT[k]: v / row["nodes"] for k, v in total.items()}
+        print(f"        boot: {row['nodes'] / boot['seconds']:.0f} boots/s "
+              f"({boot['seconds']:.0f} s), server CPU "
+              f"{1000 * sum(boot['cpu']) * boot['seconds'] / row['nodes']:.2f} ms a boot"
+              + "".join(f", {v:.3f} {k}" for k, v in per_boot.items()) + " a boot")  # fmt: skip
+        stops = ", ".join(f"{s:.1f}" for s in row["stop_s"])
+        print(f"        start: serving after {row['serving_s']:.0f} s, every node owned "
+              f"{row['owning_s']:.0f} s later"
+              + "".join(f", {v:.0f} {SHORT[k]}" for k, v in row["start_etcd"].items())
+              + f"; stop after SIGTERM: {stops} s; load {row['load']}")  # fmt: skip
         total = row["change"]["etcd_total"]
         if total:
             print(
                 f"        change: {row['rebooted']} nodes rebooted in "
                 f"{row['change']['seconds']:.1f} s: "
-                + ", ".join(f"{v:.0f} {k.removeprefix('etcd_')}" for k, v in total.items())
+                + ", ".join(f"{v:.0f} {SHORT[k]}" for k, v in total.items())
             )
         if row["steady"]["failed"] or row["steady"]["late"]:
             print(f"        steady: {row['steady']['failed']} reports failed, "
@@ -321,16 +375,18 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000,10000", help="node counts, comma-separated")
     parser.add_argument("--interval", type=float, default=5.0, help="heartbeat, s")
     parser.add_argument("--max-rate", type=float, default=1000, help="reports/s of the client")
+    parser.add_argument("--boot-rate", type=float, default=0, help="boots/s at most (0: any)")
     parser.add_argument("--settle", type=float, default=10.0, help="s after the last boot")
     parser.add_argument("--window", type=float, default=20.0, help="s of steady state measured")
     parser.add_argument("--single-only", action="store_true", help="no etcd, one instance")
+    parser.add_argument("--etcd-only", action="store_true", help="no single-instance reference")
     parser.add_argument("--keep", action="store_true", help="keep the logs (the path is said)")
     args = parser.parse_args()
     directory = Path(tempfile.mkdtemp(prefix="layerpy-steady-"))
     rows = []
     try:
         for nodes in (int(size) for size in args.sizes.split(",")):
-            for clustered in (False, True)[: 1 if args.single_only else 2]:
+            for clustered in (False, True)[args.etcd_only : 1 if args.single_only else 2]:
                 here = directory / f"{nodes}-{'etcd' if clustered else 'single'}"
                 here.mkdir()
                 rows.append(measure(nodes, args, here, clustered))

@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import json
 import logging
+import os
 import queue
 import signal
 import subprocess
@@ -171,6 +172,12 @@ def serve(config_path: Path, debug: bool, state_dir: Path | None) -> None:
     except (OSError, StartRefused) as error:
         click.echo(f"layerpy serve: {error}", err=True)
         sys.exit(1)
+    # stopped: everything is closed and written. The interpreter's teardown of the heap
+    # (100 000 nodes, an etcd mirror) took 11 s under load; the kernel frees it at once.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @main.command()

@@ -13,6 +13,7 @@ import functools
 import gc
 import logging
 import signal
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from ipaddress import IPv4Address
@@ -406,16 +407,31 @@ class Server:
             self.nodes.check_lost()
 
     async def close(self) -> None:
-        for closer in reversed(self._closers):
-            result = closer.close()  # type: ignore[attr-defined]
-            if asyncio.iscoroutine(result):
-                await result
-        await self.consoles.close()  # first: its end closes the operators' console sessions
-        for runner in reversed(self._runners):
-            await runner.cleanup()
-        await self.lifecycle.close()
+        """Everything stops in reverse order; a step slower than a second is logged with
+        its time (a stop must be prompt: systemd and the operator wait on it)."""
+        with _timed("the services"):
+            for closer in reversed(self._closers):
+                result = closer.close()  # type: ignore[attr-defined]
+                if asyncio.iscoroutine(result):
+                    await result
+        with _timed("the consoles"):
+            await self.consoles.close()  # first: its end closes the operators' console sessions
+        with _timed("the HTTP listeners"):
+            for runner in reversed(self._runners):
+                await runner.cleanup()
+        with _timed("the lifecycle"):
+            await self.lifecycle.close()
         if self.cluster is not None:  # after the lifecycle: it acts on nothing any more
-            await self.cluster.close()
+            with _timed("leaving the cluster"):
+                await self.cluster.close()
+
+
+@contextlib.contextmanager
+def _timed(step: str) -> Iterator[None]:
+    began = time.monotonic()
+    yield
+    if (took := time.monotonic() - began) > 1.0:
+        log.info("stopping: %s took %.1f s", step, took)
 
 
 class _Detach:

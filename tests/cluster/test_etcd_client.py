@@ -57,6 +57,14 @@ def test_keys_ranges_transactions_and_leases(cluster: EtcdCluster, instance: Ins
             assert await etcd.delete("/t1/b") and not await etcd.delete("/t1/b")
             cleared = await etcd.txn([], [Op.delete_prefix("/t1/many/")])
             assert cleared.succeeded and (await etcd.range("/t1/many/"))[0] == []
+            # independent transactions in one request: each applies by its own compares
+            await etcd.put("/t1/taken", b"other")
+            at, took = await etcd.each_txn(
+                [([Compare.version(key, "==", 0)], [Op.put(key, b"mine")])
+                 for key in ("/t1/free", "/t1/taken")]
+            )  # fmt: skip
+            assert took == [True, False] and at == (await etcd.get("/t1/free")).mod_revision  # type: ignore[union-attr]
+            assert (await etcd.get("/t1/taken")).value == b"other"  # type: ignore[union-attr]
             # a key on a lease goes with the lease
             lease = await etcd.grant(30)
             await etcd.put("/t1/leased", b"x", lease=lease)

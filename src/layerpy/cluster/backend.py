@@ -3,7 +3,8 @@
 At open every record under the prefix is read at one revision into a mirror, and a watch
 follows from that revision, so `load` is synchronous and other instances' changes arrive
 through `on_change`. `put`/`delete` change the mirror at once and queue the write; a writer
-task sends the queue to etcd in order, up to BATCH writes per transaction. While etcd is away
+task sends the queue to etcd in order, up to BATCH writes per transaction (one that would not
+be full first waits LINGER for more, unless a caller awaits the queue). While etcd is away
 the queue waits (the instance keeps serving from its mirror) and is sent when etcd returns; a
 key written again while queued keeps its place with the newer record, so the queue holds at
 most one write per key. `create`/`replace` are compare-and-swap transactions the caller awaits.
@@ -18,10 +19,11 @@ read) is applied and reported once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -34,6 +36,7 @@ log = logging.getLogger("layerpy.cluster.backend")
 # nodes/backend.py's kinds
 KINDS = ("tokens", "bindings", "leases", "overrides", "observed", "assigned", "clients")
 BATCH = 64  # writes per transaction (etcd's --max-txn-ops defaults to 128)
+LINGER = 0.1  # seconds a transaction that is not full waits for more writes (see _write)
 # distinct keys waiting for etcd (one write per key: see the docstring) past which the
 # instance holds (stops acting: `on_backlog`) until half are written; nothing is refused or
 # dropped, since the queue never holds more keys than the mirror does
@@ -66,6 +69,8 @@ class EtcdBackend:
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
         self._drained.set()
+        self._hurry = asyncio.Event()  # stopping: the writer skips its back-off
+        self._now = asyncio.Event()  # someone awaits the queue: no lingering
         self._callbacks: list[Callback] = []
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -77,8 +82,30 @@ class EtcdBackend:
             asyncio.create_task(self._write(), name="etcd-backend-writer"),
         ]
 
+    async def drain(self, within: float) -> None:
+        """Stop: up to `within` seconds for etcd to take the queued writes, then close,
+        saying how many went and how many are dropped (a stop must not wait on etcd)."""
+        queued, loop = len(self._queue), asyncio.get_running_loop()
+        began = loop.time()
+        self._hurry.set()  # no back-off pause: try now
+        self._now.set()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within):
+                await self.flush()
+        await self.close()
+        if self._queue:
+            kinds = Counter(kind for kind, _ in self._queue)
+            log.warning(
+                "etcd backend: stopping: %d writes not sent to etcd within %g s (%s); etcd "
+                "keeps the state before them",
+                len(self._queue), within, ", ".join(f"{n} {k}" for k, n in kinds.items()),
+            )  # fmt: skip
+        elif queued:
+            log.info("etcd backend: stopping: %d queued writes flushed to etcd in %.1f s",
+                     queued, loop.time() - began)  # fmt: skip
+
     async def close(self) -> None:
-        """Stop watching and writing (what is still queued is lost: `flush` first)."""
+        """Stop watching and writing (what is still queued is lost: `drain` says it)."""
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -124,6 +151,7 @@ class EtcdBackend:
         return await self._swap([(kind, key, record) for kind, key, record, _ in writes], compares)
 
     async def flush(self) -> None:
+        self._now.set()
         await self._drained.wait()
 
     def on_change(self, callback: Callback) -> None:
@@ -246,7 +274,14 @@ class EtcdBackend:
             if not self._queue:
                 self._drained.set()
                 self._wake.clear()
+                self._now.clear()
                 await self._wake.wait()
+                # a boot writes its token and several observed records within moments: a
+                # key written again while it waits goes once, and a fuller transaction is
+                # one raft proposal for more writes (fewer for the other instances to apply)
+                if len(self._queue) < size and not self._now.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._now.wait(), LINGER)
                 continue
             batch = list(itertools.islice(self._queue.items(), size))  # not the whole queue
             ops = [
@@ -259,7 +294,8 @@ class EtcdBackend:
                 if not away:
                     log.warning("etcd backend: %s; %d writes wait", error, len(self._queue))
                 away = True
-                await asyncio.sleep(pause)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._hurry.wait(), pause)
                 pause = min(pause * 2, 2.0)
                 continue
             except EtcdError as error:

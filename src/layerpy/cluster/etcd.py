@@ -173,6 +173,14 @@ class Etcd:
             await self._call("/v3/kv/txn", wire.txn_request(compares, success, failure))
         )
 
+    async def each_txn(
+        self, parts: Sequence[tuple[Sequence[Compare], Sequence[Op]]]
+    ) -> tuple[int, list[bool]]:
+        """Many independent transactions in one round trip and one raft proposal: each part's
+        ops apply if its own compares hold. The revision, and per part whether it applied."""
+        answer = await self._call("/v3/kv/txn", wire.each_txn_request(parts))
+        return wire.each_txn_result(answer, len(parts))
+
     # --- leases ---------------------------------------------------------------------
 
     async def grant(self, ttl: int) -> int:

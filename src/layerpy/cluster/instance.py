@@ -33,6 +33,7 @@ log = logging.getLogger("layerpy.cluster")
 
 REACH_WITHIN = 20.0  # seconds a starting instance tries etcd before it gives up (booted together)
 FLUSH_WITHIN = 5.0  # seconds a clean stop waits for the store's queued writes to reach etcd
+REVOKE_WITHIN = 2.0  # seconds a clean stop waits for etcd to revoke its lease (else: its TTL)
 
 Applied = dict[str, list[str]]  # what a reload changed, as `layerpy reload` shows it
 
@@ -234,14 +235,18 @@ class ClusterInstance:
         self.on_peers(tuple(i.url for i in others if i.name != self.name))
 
     async def close(self) -> None:
-        """Leave: ownership stops, the lease is revoked (the others take the nodes over
-        without waiting for its TTL), the store's queued writes go out, etcd closes."""
+        """Leave, bounded (FLUSH_WITHIN + REVOKE_WITHIN): ownership stops, the store's
+        queued writes go out (before the others take the nodes over, so that they read
+        them), the lease is revoked (they take over without waiting for its TTL), etcd
+        closes."""
         await self.owners.stop()
-        await self.members.stop()
-        with contextlib.suppress(TimeoutError, EtcdUnavailable, EtcdError):
-            async with asyncio.timeout(FLUSH_WITHIN):
-                await self.backend.flush()
-        await self.backend.close()
+        await self.backend.drain(FLUSH_WITHIN)
+        try:
+            async with asyncio.timeout(REVOKE_WITHIN):
+                await self.members.stop()
+        except TimeoutError:
+            log.warning("leaving: etcd did not revoke the lease within %g s (it expires in "
+                        "%d s)", REVOKE_WITHIN, self.members.ttl)  # fmt: skip
         await self.etcd.close()
 
 

@@ -29,7 +29,8 @@ from layerpy.hostlist import fold
 log = logging.getLogger("layerpy.cluster")
 
 POOL = "pool:"  # owned like a node: a segment's discovery pool ("pool:10.99.0.0-24")
-IN_FLIGHT = 64  # claim/release transactions at once
+PER_REQUEST = 64  # claims/releases sent in one request (etcd's --max-txn-ops is 128)
+IN_FLIGHT = 4  # such requests at once
 RETRY = 0.5  # seconds before deciding again after etcd failed a transaction
 
 
@@ -135,28 +136,35 @@ class Owners:
         me, lease = self.members.name.encode(), self.members.clock.lease
         slots = asyncio.Semaphore(IN_FLIGHT)
 
-        async def one(node: str, claiming: bool) -> tuple[bool, bool]:
-            """(whether etcd answered, whether the transaction took)."""
-            key = self.key_prefix + node
+        async def batch(nodes: tuple[str, ...], claiming: bool) -> list[tuple[bool, bool]]:
+            """Per node (whether etcd answered, whether its transaction took): each node's
+            claim or release is a transaction of its own, PER_REQUEST of them sent together
+            (one round trip and one raft proposal; a start claims 100 000 nodes)."""
+            parts = []
+            for node in nodes:
+                key = self.key_prefix + node
+                if claiming:
+                    parts.append(([Compare.version(key, "==", 0)], [Op.put(key, me, lease)]))
+                else:
+                    parts.append(([Compare.value(key, "==", me)], [Op.delete(key)]))
             async with slots:
                 try:
-                    if claiming:
-                        result = await self.etcd.txn(
-                            [Compare.version(key, "==", 0)], [Op.put(key, me, lease=lease)]
-                        )
-                    else:
-                        result = await self.etcd.txn(
-                            [Compare.value(key, "==", me)], [Op.delete(key)]
-                        )
+                    _, took = await self.etcd.each_txn(parts)
                 except (EtcdUnavailable, EtcdError) as error:  # e.g. the lease just expired
-                    log.debug("%s %s: %s", "claim" if claiming else "release", node, error)
-                    return False, False
-            return True, result.succeeded
+                    verb = "claim" if claiming else "release"
+                    log.debug("%s %s: %s", verb, _brief(list(nodes)), error)
+                    return [(False, False)] * len(nodes)
+            return [(True, won) for won in took]
+
+        async def each(nodes: tuple[str, ...], claiming: bool) -> list[tuple[bool, bool]]:
+            chunks = [nodes[i : i + PER_REQUEST] for i in range(0, len(nodes), PER_REQUEST)]
+            results = await asyncio.gather(*(batch(chunk, claiming) for chunk in chunks))
+            return [result for chunk in results for result in chunk]
 
         # stop acting on a node before its key goes: another may claim it the moment it does
         self.fence.set_owned(dict.fromkeys(release))
-        claimed = await asyncio.gather(*(one(node, True) for node in claim))
-        released = await asyncio.gather(*(one(node, False) for node in release))
+        claimed = await each(claim, True)
+        released = await each(release, False)
         for verb, nodes, results in (("claimed", claim, claimed), ("released", release, released)):
             took = [node for node, (_, won) in zip(nodes, results, strict=True) if won]
             if took:  # one line a decision, not one a node (a start claims thousands)

@@ -185,6 +185,12 @@ def txn_request(compares: Any, success: Any, failure: Any) -> dict[str, Any]:
     }
 
 
+def each_txn_request(parts: Any) -> dict[str, Any]:
+    """Independent transactions in one request: each (compares, ops) a nested transaction of
+    its own that applies or not by its own compares (etcd >= 3.3; keys must not repeat)."""
+    return {"success": [{"request_txn": txn_request(compares, ops, ())} for compares, ops in parts]}
+
+
 def watch_request(prefix: str, start_revision: int) -> dict[str, Any]:
     request = range_request(prefix, prefix=True)
     return {"create_request": {**request, "start_revision": str(start_revision)}}
@@ -262,6 +268,18 @@ def txn_result(answer: dict[str, Any]) -> TxnResult:
         ranged = _dict(response, "response").get("response_range")
         responses.append(key_values(_dict(ranged, "response_range")) if ranged else [])
     return TxnResult(answer.get("succeeded") is True, revision(answer), responses)
+
+
+def each_txn_result(answer: dict[str, Any], count: int) -> tuple[int, list[bool]]:
+    """The revision of an each_txn_request's answer and, per part, whether it applied."""
+    responses = _list(answer, "responses")
+    if len(responses) != count:
+        raise EtcdError(f"etcd answered {len(responses)} results for {count} transactions")
+    took = []
+    for response in responses:
+        nested = _dict(_dict(response, "response").get("response_txn"), "response_txn")
+        took.append(nested.get("succeeded") is True)
+    return revision(answer), took
 
 
 def lease_id(answer: dict[str, Any]) -> int:
