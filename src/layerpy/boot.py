@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from ipaddress import IPv4Address
@@ -22,8 +23,8 @@ from typing import Any, Protocol
 from layerpy.config import Config
 from layerpy.logs import Throttle
 from layerpy.model import Node, Phase
-from layerpy.nodes import DISCOVERY, Ack, NodeStore
-from layerpy.nodes.backend import CLIENTS, LEASES, Backend, Record
+from layerpy.nodes import DISCOVERY, Ack, NodeStore, ReportRejected
+from layerpy.nodes.backend import CLIENTS, LEASES, TOKENS, Backend, Record
 from layerpy.proto.agent import Cmdline
 from layerpy.proto.dhcp import ANY, DISCOVER, OPT_VENDOR_CLASS, DhcpPacket, Offer
 from layerpy.proto.dhcp_server import Action, Effect, Grant
@@ -31,6 +32,7 @@ from layerpy.proto.leases import BOUND, DECLINED, FREE, Lease, LeaseTable
 
 log = logging.getLogger("layerpy.dhcp")
 quiet = Throttle(log)  # what a client causes on every retry: a few lines a minute
+RECHECK = 1.0  # seconds: how often a node's boot token may be read again from etcd
 
 
 @dataclass(frozen=True)
@@ -118,10 +120,12 @@ class Booter(Protocol):
     def apply(self, verdict: Verdict, effects: Iterable[Effect]) -> None: ...
     def keeping(self) -> Awaitable[bool] | None: ...
     def script(self, name: str, remote: str) -> str | None: ...
+    def token_written(self, name: str) -> Awaitable[None] | None: ...
     def discovery_script(self, mac: str, remote: str) -> str | None: ...
     def fetched(self, remote: str, phase: Phase) -> None: ...
     def known(self, address: str) -> bool: ...
     def report(self, payload: Any) -> Ack: ...
+    def caught_up(self, rejected: ReportRejected) -> Awaitable[bool]: ...
     def holds_token(self, name: str, token: str) -> bool: ...
 
 
@@ -176,6 +180,7 @@ class BootPolicy:
         self._ports = PortShares()  # pool holders behind relay ports
         self.peers: tuple[str, ...] = ()  # the other instances' URLs on this segment
         self.owner_url: Callable[[str], str | None] = lambda node: None  # its owner's URL
+        self._rechecked: dict[str, float] = {}  # node -> when its token was read again
         if self._shared:
             self.backend.on_change(self._leased_elsewhere)
 
@@ -556,6 +561,12 @@ class BootPolicy:
         mac = node.mac or node.config.mac or ""
         return self._script(node.name, token, mac, node.config.persist_disk or "")
 
+    def token_written(self, name: str) -> Awaitable[None] | None:
+        """After script(): the boot token it issued, written where every instance reads it,
+        to await (bounded) before the script goes out, since the agent says hello to the
+        node's owner, which may be another instance. None: one server."""
+        return self.backend.written(TOKENS, name) if self._shared else None
+
     def _script(self, name: str, token: str, mac: str, persist: str = "") -> str:
         heartbeat = self.config.server.heartbeat
         layerpy = Cmdline(self.base_url, name, token, mac, heartbeat, persist=persist,
@@ -593,6 +604,25 @@ class BootPolicy:
     def report(self, payload: Any) -> Ack:
         """An agent's report, admitted or refused (ReportRejected) by the node store."""
         return self.nodes.report(payload)
+
+    async def caught_up(self, rejected: ReportRejected) -> bool:
+        """Whether a report refused for its boot token may be admitted now: a token another
+        instance issued that this one had not yet heard of, read again from etcd (a cluster
+        only; a node's at most once a RECHECK, so wrong tokens cost etcd no more)."""
+        name = rejected.token_of
+        if not self._shared or name is None or name not in self.nodes.nodes:
+            return False
+        now = time.monotonic()
+        if now - self._rechecked.get(name, -RECHECK) < RECHECK:
+            return False
+        self._rechecked[name] = now
+        before = self.backend.get(TOKENS, name)
+        try:
+            await self.backend.fresh(TOKENS, name)
+        except Exception as error:  # etcd away: the refusal stands, the agent asks again
+            quiet.log("token", logging.WARNING, "%s: boot token not read again: %s", name, error)
+            return False
+        return self.backend.get(TOKENS, name) != before
 
     def holds_token(self, name: str, token: str) -> bool:
         """Whether `token` is node `name`'s boot token (its own files and images)."""

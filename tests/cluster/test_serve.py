@@ -96,11 +96,13 @@ class Head:
         return subprocess.run([str(LAYERPY), *args, "-c", str(self.path)],
                               capture_output=True, text=True, timeout=60)  # fmt: skip
 
-    def boot(self, node: int) -> tuple[list[str], dict[str, Any]]:
+    def boot(self, node: int, hello_to: Head | None = None) -> tuple[list[str], dict[str, Any]]:
         """Node ``cn00<node>`` boots from this instance (its iPXE script: the servers on
-        the kernel command line) and its agent says hello here (the servers in the answer)."""
+        the kernel command line) and its agent says hello here, or to ``hello_to``, at once
+        (the servers in the answer)."""
         assert self.segment is not None
         source, base = f"{SEGMENT}.{10 + node}", f"http://{self.address}:8080"
+        there = f"http://{(hello_to or self).address}:8080"
         curl = ("curl", "-s", "--interface", source)
         script = self.segment.run(*curl, f"{base}/boot/{NODES[node - 1]}.ipxe").stdout
         token = re.search(r"layerpy.token=(\S+)", script)
@@ -110,7 +112,7 @@ class Head:
                 "boot_id": "b1", "seq": 1, "event": "hello", "busy": False,
                 "protocol": PROTOCOL, "token": token.group(1)}  # fmt: skip
         result = self.segment.run(*curl, "-H", "Content-Type: application/json", "--data",
-                                  json.dumps(body), f"{base}/api/v1/agent/report")  # fmt: skip
+                                  json.dumps(body), f"{there}/api/v1/agent/report")  # fmt: skip
         return servers.group(1).split(","), json.loads(result.stdout)
 
     def owners(self) -> dict[str, str]:
@@ -283,6 +285,19 @@ def test_an_agent_is_told_its_owner_first_by_either_instance(pair: tuple[Head, H
             for servers in (cmdline, answer.get("servers", answer)):
                 assert servers[0] == url[owners[node]], (node, head.name, servers)
                 assert sorted(servers) == sorted(url.values())
+
+
+def test_a_boot_token_from_one_instance_is_good_at_once_on_the_other(
+    pair: tuple[Head, Head],
+) -> None:
+    """The agent says hello to its owner, which need not be the instance that gave it its
+    boot script: the token is in etcd before the script goes out (and an owner that has not
+    yet heard of it reads it again before refusing)."""
+    one, two = pair
+    for index, node in enumerate(NODES, 1):
+        for script_from, hello_to in ((one, two), (two, one)):
+            _, answer = script_from.boot(index, hello_to=hello_to)
+            assert "error" not in answer, (node, script_from.name, hello_to.name, answer)
 
 
 def test_a_killed_instances_nodes_are_taken_over_within_ten_seconds(

@@ -71,6 +71,7 @@ class EtcdBackend:
         self._drained.set()
         self._hurry = asyncio.Event()  # stopping: the writer skips its back-off
         self._now = asyncio.Event()  # someone awaits the queue: no lingering
+        self._sent = asyncio.Event()  # set when a transaction of the queue is answered
         self._callbacks: list[Callback] = []
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -153,6 +154,18 @@ class EtcdBackend:
     async def flush(self) -> None:
         self._now.set()
         await self._drained.wait()
+
+    async def written(self, kind: str, key: str) -> None:
+        while (kind, key) in self._queue:  # waits while etcd is away: the caller bounds it
+            self._now.set()
+            await self._sent.wait()
+
+    async def fresh(self, kind: str, key: str) -> None:
+        """A linearizable read of one key (raises EtcdUnavailable), applied as the watch
+        would apply it: a change another instance made that the watch has not yet brought."""
+        result = await self._etcd.txn([], [Op.get(self._key(kind, key))])
+        kvs = result.responses[0]
+        self._learn(kind, key, kvs[0] if kvs else None, result.revision)
 
     def on_change(self, callback: Callback) -> None:
         self._callbacks.append(callback)
@@ -313,6 +326,8 @@ class EtcdBackend:
                     if result is not None:
                         mod = 0 if value is None else result.revision
                         self._settle_write(where, result.revision, mod)
+            sent, self._sent = self._sent, asyncio.Event()
+            sent.set()
             if self.backed_up and len(self._queue) <= self.max_queued // 2:
                 self.backed_up = False
                 self.on_backlog(False)

@@ -64,6 +64,16 @@ class Backend(Protocol):
         """Every put so far is durable."""
         ...
 
+    async def written(self, kind: str, key: str) -> None:
+        """The last put or delete of this key is durable (an answer that hands it to
+        another instance may go out)."""
+        ...
+
+    async def fresh(self, kind: str, key: str) -> None:
+        """Read this key again where every instance writes it; a change reaches
+        ``on_change`` (one server: there is nowhere else to read)."""
+        ...
+
     def on_change(self, callback: Changed) -> None:
         """Records changed by another instance (local: never called)."""
         ...
@@ -155,6 +165,12 @@ class LocalJournal:
 
     async def flush(self) -> None:
         """Every put is written before it returns."""
+
+    async def written(self, kind: str, key: str) -> None:
+        """Every put is written before it returns."""
+
+    async def fresh(self, kind: str, key: str) -> None:
+        """One server: its records change nowhere else."""
 
     def on_change(self, callback: Changed) -> None:
         """One server: nobody else changes its records."""

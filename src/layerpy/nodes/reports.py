@@ -23,10 +23,11 @@ HEARTBEAT_ONLY = ("uptime", "seq")  # the agent's facts that change with every r
 
 
 class ReportRejected(Exception):
-    def __init__(self, status: int, reason: str) -> None:
+    def __init__(self, status: int, reason: str, token_of: str | None = None) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
+        self.token_of = token_of  # the node whose boot token the report did not hold
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def admit(store: Store, payload: Any) -> Outcome:
     if node is None:
         return [], ReportRejected(404, f"no node named {report.node!r} in the node file")
     if not tokens.holds(node, report.token):
-        return [], ReportRejected(403, f"wrong boot token for {node.name}")
+        return [], ReportRejected(403, f"wrong boot token for {node.name}", node.name)
     bound = store.mac_of(node)
     if bound is not None and report.mac != bound:  # a node may not change its MAC
         return _lied(node, f"reports MAC {report.mac}, but {node.name} is {bound}"), Ack(node.name)

@@ -42,6 +42,7 @@ quiet = Throttle(log)  # lines a client can cause: a few a minute each
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 BODY_TIMEOUT = 10.0  # seconds to send a request body (the idle timeout covers headers)
+TOKEN_WAIT = 2.0  # seconds a boot script waits for its token to reach etcd (a cluster)
 
 
 class PowerControl(Protocol):
@@ -155,6 +156,13 @@ async def boot_script(request: web.Request) -> web.Response:
         raise web.HTTPForbidden(text=f"the boot script of {name} is only for {whom}\n") from None
     if script is None:
         raise web.HTTPNotFound(text=f"no node named {name!r}\n")
+    written = request.app[BOOTER].token_written(name)
+    if written is not None:  # a cluster: the owner must know the token the hello brings
+        try:
+            await asyncio.wait_for(written, TOKEN_WAIT)
+        except TimeoutError:
+            quiet.log("token not in etcd", logging.WARNING, "%s: its boot token is not in etcd "
+                      "after %g s; the script goes anyway", name, TOKEN_WAIT)  # fmt: skip
     return web.Response(text=script, content_type="text/plain")
 
 
@@ -193,14 +201,19 @@ async def minos_file(request: web.Request) -> QueuedFile:
 
 async def agent_report(request: web.Request) -> web.Response:
     payload = await read_json(request)
+    booter = request.app[BOOTER]
     try:
-        ack = request.app[BOOTER].report(payload)
+        try:
+            ack = booter.report(payload)
+        except ReportRejected as rejected:
+            if not await booter.caught_up(rejected):  # another instance's newer token?
+                raise
+            ack = booter.report(payload)
     except ReportRejected as rejected:
         remote = request.remote or "?"
         quiet.log("report rejected", logging.WARNING, "rejected an agent report from %s: %s",
                   remote, rejected.reason)  # fmt: skip
         return web.json_response({"error": rejected.reason}, status=rejected.status)
-    booter = request.app[BOOTER]
     power, heartbeat = request.app[POWER], booter.config.server.heartbeat
     servers = booter.servers_of(ack.node)  # alone, it says nothing: agents keep theirs
     servers = servers if len(servers) > 1 else None
