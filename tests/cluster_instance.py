@@ -114,7 +114,8 @@ async def main() -> None:
                          url=f"http://{args.name}:8080", segment=args.segment,
                          ttl=args.ttl)  # fmt: skip
     changed = asyncio.Event()
-    owners = Owners(etcd, members, prefix=args.prefix, on_fence_change=changed.set)
+    owners = Owners(etcd, members, prefix=args.prefix, settle=args.ttl,
+                    on_fence_change=changed.set)  # fmt: skip
     addresses = {f"n{i:03}": IPv4Address(f"10.{1 + i % 2}.0.{10 + i}") for i in range(args.nodes)}
     nodes = sorted(addresses)
     await members.start()

@@ -56,6 +56,19 @@ def test_a_joining_instance_claims_nothing_for_the_grace() -> None:
     assert a.decide(8.0, alone, NODES, {}) == Decision((), (), 9.0)
 
 
+def test_a_slow_second_instance_still_gets_its_share_within_the_settling() -> None:
+    """Settling longer than the grace (``layerpy serve``: the lease TTL): b registers 3 s
+    after a, a has claimed nothing yet, and they split the nodes."""
+    a, b = Assignment("a", grace=1.0, settle=5.0), Assignment("b", grace=1.0, settle=5.0)
+    pair = {"a": "", "b": ""}
+    assert a.decide(0.0, {"a": ""}, NODES, {}) == Decision((), (), 5.0)
+    assert a.decide(3.0, pair, NODES, {}).claim == ()  # b is here now
+    mine = a.decide(5.0, pair, NODES, {}).claim
+    assert set(mine) == {node for node in NODES if preferred(node, pair) == "a"}
+    assert b.decide(3.0, pair, NODES, {}).claim == ()
+    assert set(b.decide(8.0, pair, NODES, dict.fromkeys(mine, "a")).claim) == set(NODES) - set(mine)
+
+
 def test_an_unowned_node_is_claimed_by_another_instance_after_the_grace() -> None:
     node = next(n for n in NODES if preferred(n, ALL3) == "c")  # c is preferred but silent
     a = joined("a")

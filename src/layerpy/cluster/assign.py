@@ -13,9 +13,10 @@ Rules:
 - Among the live instances that serve an unowned node, rendezvous (highest-random-weight)
   hashing names the preferred one: it claims at once; any other claims after ``grace``
   seconds, so a node never stays unowned because its preferred instance is gone.
-- An instance that has just joined (or joined again) claims nothing for ``grace`` seconds:
-  instances started together see each other before the first takes every node; and it
-  claims nodes it is not preferred for only a grace after that.
+- An instance that has just joined (or joined again) claims nothing for ``settle`` seconds
+  (the lease TTL in ``layerpy serve``): instances started together, one of them slowly,
+  see each other before the first takes every node; and it claims nodes it is not
+  preferred for only a grace after that.
 - Ownership is sticky: an owned node stays with its owner while the owner lives, also when
   an instance joins (no rebalancing; the newcomer takes unowned nodes only). Moving live
   nodes would open a gap in which nobody acts, for no gain in safety.
@@ -99,9 +100,11 @@ class Assignment:
     """Decides this instance's claims and releases. Keeps only when each unowned node was
     first seen unowned (for the grace); everything else comes in as facts on each call."""
 
-    def __init__(self, me: str, grace: float) -> None:
+    def __init__(self, me: str, grace: float, settle: float | None = None) -> None:
+        """``settle``: how long a newly joined instance claims nothing (default ``grace``)."""
         self.me = me
         self.grace = grace
+        self.settle = grace if settle is None else settle
         self._unowned_since: dict[str, float] = {}
         self._joined_at: float | None = None  # when this instance was first seen live
         self._segments = Segments({})
@@ -121,7 +124,7 @@ class Assignment:
             return Decision((), (), None)
         if self._joined_at is None:
             self._joined_at = now
-        settled = self._joined_at + self.grace
+        settled = self._joined_at + self.settle
         if self._segments.instances != instances:
             self._segments = Segments(instances)
         segments = self._segments

@@ -61,6 +61,7 @@ class ClusterInstance:
                                   url=config.server.url, segment=cluster.segment,
                                   ttl=cluster.lease_ttl)  # fmt: skip
         self.owners = Owners(self.etcd, self.members, prefix=cluster.prefix,
+                             settle=cluster.lease_ttl,
                              on_fence_change=lambda: self.fence_changed())  # fmt: skip
         self.fence = self.owners.fence
         self.backend.on_backlog = self._backlog

@@ -48,12 +48,13 @@ class Owners:
         *,
         prefix: str,
         grace: float = 1.0,
+        settle: float | None = None,
         on_fence_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.etcd = etcd
         self.members = members
         self.key_prefix = f"{prefix}/owners/"
-        self.assignment = Assignment(members.name, grace)
+        self.assignment = Assignment(members.name, grace, settle)
         self._mirror = Mirror(etcd, self.key_prefix, self._owners_changed)
         self.owners: dict[str, str] = {}  # node → owning instance, as last mirrored
         self.fence = Fence(members.clock, members.now, on_fence_change, self.owners.get)
