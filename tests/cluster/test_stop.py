@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import signal
 import time
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 from test_serve import NODES, heads, started, until
 
 from etcd import EtcdCluster
+from nodefile import InstanceFile
 
 pytestmark = pytest.mark.netns
 
@@ -19,9 +20,9 @@ STOP_WITHIN = 10.0  # seconds from SIGTERM to exit: the flush (5 s), the revoke 
 
 
 def test_sigterm_with_writes_queued_for_an_unreachable_etcd_exits_saying_what_it_drops(
-    etcd_cluster: EtcdCluster, tmp_path: Path
+    cluster: EtcdCluster, instance_files: Callable[..., InstanceFile]
 ) -> None:
-    with heads(etcd_cluster, tmp_path, 1) as (one,):
+    with heads(cluster, instance_files, 1) as (one,):
         started(one)
         one.instance.cut()
         try:
@@ -42,9 +43,9 @@ def test_sigterm_with_writes_queued_for_an_unreachable_etcd_exits_saying_what_it
 
 
 def test_sigterm_flushes_the_queued_writes_when_etcd_takes_them(
-    etcd_cluster: EtcdCluster, tmp_path: Path
+    cluster: EtcdCluster, instance_files: Callable[..., InstanceFile], prefix: str
 ) -> None:
-    with heads(etcd_cluster, tmp_path, 1) as (one,):
+    with heads(cluster, instance_files, 1) as (one,):
         started(one)
         one.instance.cut()
         try:
@@ -61,8 +62,7 @@ def test_sigterm_flushes_the_queued_writes_when_etcd_takes_them(
               timeout=STOP_WITHIN, logs=(one,))  # fmt: skip
         print(f"stopped {time.monotonic() - asked:.1f} s after SIGTERM, etcd back")
         assert "not sent to etcd" not in one.log.read_text()
-        prefix = one.path.read_text().split('prefix = "')[1].split('"')[0]
-        written = etcd_cluster.etcdctl(
-            etcd_cluster.members[0], "get", "--prefix", "--keys-only", f"{prefix}/tokens/"
+        written = cluster.etcdctl(
+            cluster.members[0], "get", "--prefix", "--keys-only", f"{prefix}/tokens/"
         )
         assert all(f"{prefix}/tokens/{node}" in written.stdout for node in NODES), written.stdout
