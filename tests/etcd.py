@@ -349,6 +349,16 @@ async def first_contact(etcd: Etcd, timeout: float = 30) -> None:
                 await asyncio.sleep(0.2)
 
 
+async def until(condition: Callable[[], object], what: str, timeout: float = 30) -> None:
+    """Inside a scenario: wait for condition(); the failure says what was waited for."""
+    try:
+        async with asyncio.timeout(timeout):
+            while not condition():
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        raise AssertionError(f"waited {timeout} s for {what}") from None
+
+
 @asynccontextmanager
 async def backend(cluster: EtcdCluster, name: str, prefix: str) -> AsyncIterator[EtcdBackend]:
     """An instance's EtcdBackend on the cluster, open for the block."""

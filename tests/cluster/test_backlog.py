@@ -5,7 +5,6 @@ queue has drained. A real 3-member etcd; the instance's namespace is cut off fro
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 
@@ -15,18 +14,9 @@ from layerpy.cluster.instance import ClusterInstance
 from layerpy.config import load
 from layerpy.nodes import NodeStore
 
-from etcd import EtcdCluster, Instance, first_contact
+from etcd import EtcdCluster, Instance, first_contact, until
 
 pytestmark = pytest.mark.netns
-
-
-async def until(condition, what: str, timeout: float = 30) -> None:
-    try:
-        async with asyncio.timeout(timeout):
-            while not condition():
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"waited {timeout} s for {what}") from None
 
 
 def test_backed_up_writes_hold_the_instance_until_they_drain_and_none_is_lost(

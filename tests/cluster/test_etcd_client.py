@@ -22,7 +22,7 @@ from layerpy.cluster.etcd import (
     WatchEvent,
 )
 
-from etcd import EtcdCluster, Instance, make_tls
+from etcd import EtcdCluster, Instance, make_tls, until
 
 pytestmark = pytest.mark.netns
 
@@ -354,13 +354,13 @@ def test_a_watch_cut_off_from_etcd_says_so_once_and_once_when_back(
         watching = asyncio.create_task(watch())
         try:
             await writer.put("/t9/a", b"1")
-            await _until(lambda: len(seen) == 1, "the first event")
+            await until(lambda: len(seen) == 1, "the first event")
             retries = logs.suppressed[held]
             await asyncio.to_thread(instance.cut)
-            await _until(lambda: logs.suppressed[held] >= retries + 3, "three retries held back")
+            await until(lambda: logs.suppressed[held] >= retries + 3, "three retries held back")
             await asyncio.to_thread(instance.restore)
             await writer.put("/t9/b", b"2")
-            await _until(lambda: len(seen) == 2, "the event after the outage")
+            await until(lambda: len(seen) == 2, "the event after the outage")
         finally:
             await asyncio.to_thread(instance.restore, False)
             watching.cancel()
@@ -370,12 +370,3 @@ def test_a_watch_cut_off_from_etcd_says_so_once_and_once_when_back(
     instance.run(scenario)
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith(held[1])]
     assert len(said) == 2 and "retrying" in said[0] and "back after" in said[1], said
-
-
-async def _until(condition, what: str, timeout: float = 30) -> None:
-    try:
-        async with asyncio.timeout(timeout):
-            while not condition():
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"waited {timeout} s for {what}") from None
