@@ -9,6 +9,7 @@ only: the same take-over, a minute quicker).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -42,6 +43,20 @@ def left_behind(pid: int, run_dir: Path) -> tuple[list[str], list[str]]:
         if entry.name.isdigit() and str(run_dir) in cmdline:
             procs.append(f"{entry.name}: {cmdline[:200]}")
     return namespaces, procs
+
+
+def sweep(namespaces: list[str], procs: list[str]) -> None:
+    """Kill what the demo left (processes on its run directory, anything in its namespaces)
+    and delete its namespaces: only what it made."""
+    pids = [int(line.split(":")[0]) for line in procs]
+    for name in namespaces:
+        found = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
+        pids += [int(pid) for pid in found.stdout.split()]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for name in namespaces:
+        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 def run_demo(run_dir: Path, vms: str, timeout: float) -> str:
@@ -111,6 +126,7 @@ def test_ctrl_c_tears_everything_down(tmp_path: Path) -> None:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
+            sweep(*left_behind(proc.pid, run_dir.resolve()))  # a failed test leaves nothing
     deadline = time.monotonic() + 10
     while left_behind(proc.pid, run_dir.resolve()) != ([], []) and time.monotonic() < deadline:
         time.sleep(0.2)
