@@ -121,7 +121,14 @@ def test_ctrl_c_tears_everything_down(tmp_path: Path) -> None:
             procs,
         )  # lab, etcd, instances
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
+        try:  # reading on: a demo blocked writing to a full pipe would never end
+            lines.append(proc.communicate(timeout=60)[0])
+        except subprocess.TimeoutExpired as timeout:
+            partial = timeout.output or b""  # bytes, even in text mode
+            said = "".join(lines) + (
+                partial.decode(errors="replace") if isinstance(partial, bytes) else partial
+            )
+            raise AssertionError(f"demo --ha still running 60 s after Ctrl-C:\n{said}") from None
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
