@@ -25,7 +25,9 @@ from netns import need_root
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-DEMO = [sys.executable, str(REPO / "vm-lab" / "ha_session.py")]
+# Ctrl-C must reach the demo even when this suite runs where SIGINT is ignored (a background
+# job of a shell, as a CI runner starts it): ignoring is inherited, and Python keeps ignoring
+DEMO = ["env", "--default-signal=INT", sys.executable, str(REPO / "vm-lab" / "ha_session.py")]
 
 
 def left_behind(pid: int, run_dir: Path) -> tuple[list[str], list[str]]:
