@@ -24,7 +24,7 @@ from layerpy.config import Config
 from layerpy.logs import Throttle
 from layerpy.model import Node, Phase
 from layerpy.nodes import DISCOVERY, Ack, NodeStore, ReportRejected
-from layerpy.nodes.backend import CLIENTS, LEASES, TOKENS, Backend, Record
+from layerpy.nodes.backend import CLIENTS, LEASES, TOKENS, Backend, Record, Unreachable
 from layerpy.proto.agent import Cmdline
 from layerpy.proto.dhcp import ANY, DISCOVER, OPT_VENDOR_CLASS, DhcpPacket, Offer
 from layerpy.proto.dhcp_server import Action, Effect, Grant
@@ -33,6 +33,7 @@ from layerpy.proto.leases import BOUND, DECLINED, FREE, Lease, LeaseTable
 log = logging.getLogger("layerpy.dhcp")
 quiet = Throttle(log)  # what a client causes on every retry: a few lines a minute
 RECHECK = 1.0  # seconds: how often a node's boot token may be read again from etcd
+TOKEN_WAIT = 2.0  # seconds a boot script waits for its token to reach etcd (a cluster)
 
 
 @dataclass(frozen=True)
@@ -119,13 +120,11 @@ class Booter(Protocol):
     def verdict(self, request: DhcpPacket, sender: str) -> Verdict: ...
     def apply(self, verdict: Verdict, effects: Iterable[Effect]) -> None: ...
     def keeping(self) -> Awaitable[bool] | None: ...
-    def script(self, name: str, remote: str) -> str | None: ...
-    def token_written(self, name: str) -> Awaitable[None] | None: ...
+    async def script(self, name: str, remote: str) -> str | None: ...
     def discovery_script(self, mac: str, remote: str) -> str | None: ...
     def fetched(self, remote: str, phase: Phase) -> None: ...
     def known(self, address: str) -> bool: ...
-    def report(self, payload: Any) -> Ack: ...
-    def caught_up(self, rejected: ReportRejected) -> Awaitable[bool]: ...
+    async def report(self, payload: Any) -> Ack: ...
     def holds_token(self, name: str, token: str) -> bool: ...
 
 
@@ -548,9 +547,11 @@ class BootPolicy:
     def script_url(self, node: Node) -> str:
         return f"{self.base_url}/boot/{node.name}.ipxe"
 
-    def script(self, name: str, remote: str) -> str | None:
+    async def script(self, name: str, remote: str) -> str | None:
         """The iPXE script that loads the minOS with a fresh boot token, for node `name`
-        asking from `remote` (None: no such node; Refused: `remote` is not its address)."""
+        asking from `remote` (None: no such node; Refused: `remote` is not its address).
+        In a cluster it goes out once the token is in etcd (TOKEN_WAIT at most): the agent
+        says hello to the node's owner, which may be another instance."""
         node = self.nodes.nodes.get(name)
         if node is None:
             return None
@@ -559,13 +560,14 @@ class BootPolicy:
             raise Refused(str(address or "the address it shows the ProxyDHCP server (none yet)"))
         token = self.nodes.issue_token(node)
         mac = node.mac or node.config.mac or ""
-        return self._script(node.name, token, mac, node.config.persist_disk or "")
-
-    def token_written(self, name: str) -> Awaitable[None] | None:
-        """After script(): the boot token it issued, written where every instance reads it,
-        to await (bounded) before the script goes out, since the agent says hello to the
-        node's owner, which may be another instance. None: one server."""
-        return self.backend.written(TOKENS, name) if self._shared else None
+        script = self._script(node.name, token, mac, node.config.persist_disk or "")
+        if self._shared:
+            try:
+                await asyncio.wait_for(self.backend.written(TOKENS, name), TOKEN_WAIT)
+            except TimeoutError:
+                quiet.log("token not in etcd", logging.WARNING, "%s: its boot token is not in "
+                          "etcd after %g s; the script goes anyway", name, TOKEN_WAIT)  # fmt: skip
+        return script
 
     def _script(self, name: str, token: str, mac: str, persist: str = "") -> str:
         heartbeat = self.config.server.heartbeat
@@ -601,14 +603,20 @@ class BootPolicy:
             return True
         return self._leases is not None and self._leases.leased(address)
 
-    def report(self, payload: Any) -> Ack:
-        """An agent's report, admitted or refused (ReportRejected) by the node store."""
+    async def report(self, payload: Any) -> Ack:
+        """An agent's report, admitted or refused (ReportRejected) by the node store. In a
+        cluster a refusal for the boot token is read again from etcd first: another
+        instance may have issued a token this one had not yet heard of."""
+        try:
+            return self.nodes.report(payload)
+        except ReportRejected as rejected:
+            if not await self._caught_up(rejected):
+                raise
         return self.nodes.report(payload)
 
-    async def caught_up(self, rejected: ReportRejected) -> bool:
-        """Whether a report refused for its boot token may be admitted now: a token another
-        instance issued that this one had not yet heard of, read again from etcd (a cluster
-        only; a node's at most once a RECHECK, so wrong tokens cost etcd no more)."""
+    async def _caught_up(self, rejected: ReportRejected) -> bool:
+        """Whether the node's token changed in etcd since the refusal (a node's read at most
+        once a RECHECK, so wrong tokens cost etcd no more)."""
         name = rejected.token_of
         if not self._shared or name is None or name not in self.nodes.nodes:
             return False
@@ -619,7 +627,7 @@ class BootPolicy:
         before = self.backend.get(TOKENS, name)
         try:
             await self.backend.fresh(TOKENS, name)
-        except Exception as error:  # etcd away: the refusal stands, the agent asks again
+        except Unreachable as error:  # the refusal stands, the agent asks again
             quiet.log("token", logging.WARNING, "%s: boot token not read again: %s", name, error)
             return False
         return self.backend.get(TOKENS, name) != before

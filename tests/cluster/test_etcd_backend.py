@@ -8,6 +8,7 @@ import pytest
 
 from layerpy.cluster.backend import EtcdBackend
 from layerpy.cluster.etcd import Etcd
+from layerpy.nodes.backend import Unreachable
 
 from etcd import EtcdCluster, Instance, backend
 
@@ -160,6 +161,26 @@ def test_writes_queued_while_quorum_is_lost_land_in_order(
             finally:
                 await watch.aclose()
             assert landed == [f"{prefix}/leases/10.2.0.{i}" for i in range(100) if i != 50]
+
+    instance.run(scenario)
+
+
+def test_a_fresh_read_brings_the_others_record_or_says_etcd_is_unreachable(
+    cluster: EtcdCluster, instance: Instance, prefix: str
+) -> None:
+    """What a refused boot token is read again with: the newest record at once, or (no
+    quorum) Unreachable, the one error a caller outside the cluster package catches."""
+
+    async def scenario() -> None:
+        async with backend(cluster, "a", prefix) as a, backend(cluster, "b", prefix) as b:
+            b.put("tokens", "cn001", {"sha256": "cd"})
+            await b.written("tokens", "cn001")
+            await a.fresh("tokens", "cn001")
+            assert a.get("tokens", "cn001") == {"sha256": "cd"}  # when fresh returns
+            await asyncio.to_thread(cluster.members[1].kill)
+            await asyncio.to_thread(cluster.members[2].kill)
+            with pytest.raises(Unreachable, match="no etcd member answered"):
+                await asyncio.wait_for(a.fresh("tokens", "cn001"), 60)
 
     instance.run(scenario)
 

@@ -3,6 +3,7 @@ handle() (policy verdict, RFC core, apply), and that a verdict alone writes noth
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 from ipaddress import IPv4Address
@@ -500,5 +501,5 @@ def test_a_nodes_agent_is_given_its_owner_first(make_config) -> None:
     policy.owner_url = {"cn002": other}.get
     assert policy.servers_of("cn001") == (here, other)  # no owner yet: this one first
     assert policy.servers_of("cn002") == (other, here)
-    script = policy.script("cn002", "10.99.0.12")
+    script = asyncio.run(policy.script("cn002", "10.99.0.12"))
     assert script is not None and f"layerpy.server={other},{here} " in script

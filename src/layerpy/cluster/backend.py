@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from layerpy.logs import Outage
+from layerpy.nodes.backend import Unreachable
 
 from .etcd import Compacted, Compare, Etcd, EtcdError, EtcdUnavailable, KeyValue, Op
 
@@ -161,9 +162,12 @@ class EtcdBackend:
             await self._sent.wait()
 
     async def fresh(self, kind: str, key: str) -> None:
-        """A linearizable read of one key (raises EtcdUnavailable), applied as the watch
+        """A linearizable read of one key (raises Unreachable), applied as the watch
         would apply it: a change another instance made that the watch has not yet brought."""
-        result = await self._etcd.txn([], [Op.get(self._key(kind, key))])
+        try:
+            result = await self._etcd.txn([], [Op.get(self._key(kind, key))])
+        except (EtcdUnavailable, EtcdError) as error:
+            raise Unreachable(str(error)) from None
         kvs = result.responses[0]
         self._learn(kind, key, kvs[0] if kvs else None, result.revision)
 

@@ -31,6 +31,10 @@ Changed = Callable[[str, str, Record | None], None]
 Write = tuple[str, str, Record, Record | None]  # kind, key, record, the record it replaces
 
 
+class Unreachable(Exception):
+    """The store every instance shares did not answer or refused (the message says which)."""
+
+
 class Backend(Protocol):
     instance: str | None  # this instance's name in a cluster; None: a single server
 
@@ -71,7 +75,7 @@ class Backend(Protocol):
 
     async def fresh(self, kind: str, key: str) -> None:
         """Read this key again where every instance writes it; a change reaches
-        ``on_change`` (one server: there is nowhere else to read)."""
+        ``on_change`` (one server: there is nowhere else to read). Raises Unreachable."""
         ...
 
     def on_change(self, callback: Changed) -> None:

@@ -42,7 +42,6 @@ quiet = Throttle(log)  # lines a client can cause: a few a minute each
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 BODY_TIMEOUT = 10.0  # seconds to send a request body (the idle timeout covers headers)
-TOKEN_WAIT = 2.0  # seconds a boot script waits for its token to reach etcd (a cluster)
 
 
 class PowerControl(Protocol):
@@ -149,20 +148,13 @@ async def profile(request: web.Request, handler: Handler) -> web.StreamResponse:
 async def boot_script(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     try:
-        script = request.app[BOOTER].script(name, request.remote or "")
+        script = await request.app[BOOTER].script(name, request.remote or "")
     except Refused as whom:
         quiet.log("boot script refused", logging.WARNING, "%s: refused its boot script to %s", name,
                   request.remote)  # fmt: skip
         raise web.HTTPForbidden(text=f"the boot script of {name} is only for {whom}\n") from None
     if script is None:
         raise web.HTTPNotFound(text=f"no node named {name!r}\n")
-    written = request.app[BOOTER].token_written(name)
-    if written is not None:  # a cluster: the owner must know the token the hello brings
-        try:
-            await asyncio.wait_for(written, TOKEN_WAIT)
-        except TimeoutError:
-            quiet.log("token not in etcd", logging.WARNING, "%s: its boot token is not in etcd "
-                      "after %g s; the script goes anyway", name, TOKEN_WAIT)  # fmt: skip
     return web.Response(text=script, content_type="text/plain")
 
 
@@ -203,12 +195,7 @@ async def agent_report(request: web.Request) -> web.Response:
     payload = await read_json(request)
     booter = request.app[BOOTER]
     try:
-        try:
-            ack = booter.report(payload)
-        except ReportRejected as rejected:
-            if not await booter.caught_up(rejected):  # another instance's newer token?
-                raise
-            ack = booter.report(payload)
+        ack = await booter.report(payload)
     except ReportRejected as rejected:
         remote = request.remote or "?"
         quiet.log("report rejected", logging.WARNING, "rejected an agent report from %s: %s",
