@@ -62,6 +62,7 @@ class Server:
         """``backend``: where the store keeps what outlives a restart (``local_backend``,
         or the cluster's)."""
         self.state_dir = state_dir
+        self.backend = backend
         self.cluster = cluster
         config = self._with_overrides(config)
         self.stats = Stats()
@@ -69,8 +70,9 @@ class Server:
         _private_directory(config.server.state_dir)  # before the image store makes it, 0755
         images = ImageStore(config.server.state_dir / "images")
         self.catalog = Catalog(images, self.nodes.feed, self.stats)
-        self.lifecycle = Lifecycle(self.nodes, self.catalog, config.server.power_poll, self.stats,
-                                   fence=cluster.fence if cluster else None)  # fmt: skip
+        fence = cluster.fence if cluster else None
+        self.lifecycle = Lifecycle(self.nodes, backend, self.catalog, config.server.power_poll,
+                                   self.stats, fence)  # fmt: skip
         self.policy = BootPolicy(self.nodes, backend,
                                  pool_gate=cluster.holds_pool if cluster else None)  # fmt: skip
         if cluster is not None:
@@ -424,6 +426,7 @@ class Server:
         if self.cluster is not None:  # after the lifecycle: it acts on nothing any more
             with _timed("leaving the cluster"):
                 await self.cluster.close()
+        await self.backend.close()  # last: the local journals (a cluster's is closed by now)
 
 
 @contextlib.contextmanager

@@ -199,7 +199,7 @@ def test_only_the_instance_that_hears_a_node_declares_it_lost(
 
 def lifecycle_of(store: NodeStore) -> Lifecycle:
     images = ImageStore(store.config.server.state_dir / "images")
-    return Lifecycle(store, Catalog(images, store.feed), 3600)
+    return Lifecycle(store, store.backend, Catalog(images, store.feed), 3600)
 
 
 def test_assignments_and_overrides_made_on_one_instance_hold_on_another(

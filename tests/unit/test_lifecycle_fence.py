@@ -68,7 +68,7 @@ def fenced(config) -> tuple[Lifecycle, FlipFence, CountingBmc]:
     store = local_store(config)
     catalog = Catalog(ImageStore(store.config.server.state_dir / "images"), store.feed)
     fence = FlipFence()
-    lifecycle = Lifecycle(store, catalog, poll_interval=3600, fence=fence)
+    lifecycle = Lifecycle(store, store.backend, catalog, poll_interval=3600, fence=fence)
     bmc = lifecycle.drivers["cn009"] = CountingBmc()
     return lifecycle, fence, bmc
 

@@ -65,7 +65,7 @@ def test_a_power_answer_for_a_node_a_reload_removed(make_config) -> None:
     async def scenario() -> None:
         store = local_store(make_config(more=CN009))
         catalog = Catalog(ImageStore(store.config.server.state_dir / "images"), store.feed)
-        lifecycle = Lifecycle(store, catalog, poll_interval=3600)
+        lifecycle = Lifecycle(store, store.backend, catalog, poll_interval=3600)
         bmc = SlowBmc()
         lifecycle.drivers["cn009"] = bmc  # type: ignore[assignment]
         running = asyncio.create_task(lifecycle.run())
@@ -112,7 +112,10 @@ def test_a_reload_that_changes_a_node_ends_every_override(make_config) -> None:
 def lifecycle_of(config) -> Lifecycle:
     store = local_store(config)
     return Lifecycle(
-        store, Catalog(ImageStore(config.server.state_dir / "images"), store.feed), 3600
+        store,
+        store.backend,
+        Catalog(ImageStore(config.server.state_dir / "images"), store.feed),
+        3600,
     )
 
 

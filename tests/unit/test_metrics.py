@@ -217,7 +217,7 @@ def test_nodes_are_counted_by_state_at_each_scrape(make_config) -> None:
     async def scenario() -> tuple[Samples, Samples]:
         store = local_store(make_config(more=NODES))
         catalog = Catalog(ImageStore(store.config.server.state_dir / "images"), store.feed)
-        lifecycle = Lifecycle(store, catalog, poll_interval=3600)
+        lifecycle = Lifecycle(store, store.backend, catalog, poll_interval=3600)
         stats = Stats()
         stats.watch_nodes(functools.partial(census.count, lifecycle))
         before = samples(await stats.exposition())
@@ -319,7 +319,9 @@ def test_the_docs_list_every_metric_and_the_dashboard_uses_no_other(make_config)
         catalog = Catalog(ImageStore(store.config.server.state_dir / "images"), store.feed)
         stats = Stats()
         stats.watch_nodes(
-            functools.partial(census.count, Lifecycle(store, catalog, poll_interval=3600))
+            functools.partial(
+                census.count, Lifecycle(store, store.backend, catalog, poll_interval=3600)
+            )
         )
         stats.registry.register(ClusterMetrics(dict, list, bool))  # with [cluster] only
         text = (await stats.exposition()).decode()

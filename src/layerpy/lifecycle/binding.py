@@ -25,7 +25,7 @@ from layerpy.lifecycle.table import BOOT_TIMEOUT, VARIABLES, desired, mutations
 from layerpy.logs import Throttle
 from layerpy.model import ImageState, Node, PowerState, RunState
 from layerpy.nodes import GAP, NodeStore
-from layerpy.nodes.backend import ASSIGNED, OVERRIDES, Record
+from layerpy.nodes.backend import ASSIGNED, OVERRIDES, Backend, Record
 from layerpy.nodes.store import VARIABLE_FIELDS
 from layerpy.power import PowerDriver, PowerError, close_all, make_driver
 from layerpy.power.poller import Poller
@@ -48,14 +48,19 @@ class Lifecycle:
     def __init__(
         self,
         store: NodeStore,
+        backend: Backend,
         catalog: Catalog,
         poll_interval: float,
         stats: Stats | None = None,
         fence: Fence | None = None,
     ) -> None:
-        """``fence``: whether this instance may act on a node now (None: always, as a
-        single server may); call ``fence_changed()`` when its answers may have changed."""
+        """``backend``: the store's, where image assignments and overrides are kept (in a
+        cluster, shared: what the owner's engine assigned is what any instance's answers to
+        that node's agent carry). ``fence``: whether this instance may act on a node now
+        (None: always, as a single server may); call ``fence_changed()`` when its answers
+        may have changed."""
         self.store = store
+        self.backend = backend
         self.fence = fence
         self.catalog = catalog
         self.overrides: dict[str, dict[str, str]] = {}
@@ -63,10 +68,8 @@ class Lifecycle:
         # node -> (image name, digest) its agent is told to run, until the engine assigns
         # another: a node whose wanted image fails to pull stays on this one. Kept across
         # restarts: a restarted server that told a running node "no image" would stop it.
-        # Through the store's backend: in a cluster, what the owner's engine assigned is
-        # what any instance's answers to that node's agent carry.
         self.assigned = self._load_assigned()
-        store.backend.on_change(self._changed_elsewhere)
+        backend.on_change(self._changed_elsewhere)
         self.deliveries = Deliveries()
         server = store.config.server  # its keys are fixed until a restart
         # a node a restarted server has not heard from yet reports within a heartbeat
@@ -83,8 +86,8 @@ class Lifecycle:
         self.changes = store.feed.subscribe()  # before anything can change
         for node in store.nodes.values():
             self._add(node)
-        if store.backend.instance is not None:  # overrides made through other instances
-            for name, record in store.backend.load(OVERRIDES).items():
+        if backend.instance is not None:  # overrides made through other instances
+            for name, record in backend.load(OVERRIDES).items():
                 self._changed_elsewhere(OVERRIDES, name, record)
 
     def _published(self, name: str, fields: dict[str, str]) -> None:
@@ -185,7 +188,7 @@ class Lifecycle:
             return
         wanted, digest = image or (None, None)
         try:
-            self.store.backend.put(ASSIGNED, name, {"image": wanted, "digest": digest})
+            self.backend.put(ASSIGNED, name, {"image": wanted, "digest": digest})
         except OSError as error:
             images_log.error("cannot save the image assigned to %s: %s", name, error.strerror)
 
@@ -201,7 +204,7 @@ class Lifecycle:
 
     def _load_assigned(self) -> dict[str, tuple[str, str]]:
         found: dict[str, tuple[str, str]] = {}
-        for name, record in self.store.backend.load(ASSIGNED).items():
+        for name, record in self.backend.load(ASSIGNED).items():
             image = _assignment(record)
             if name in self.store.nodes and image is not None:
                 found[name] = image
@@ -290,8 +293,8 @@ class Lifecycle:
     def _share_override(self, name: str) -> None:
         """In a cluster, an operator's override reaches the instance that acts on the node
         (a single server keeps overrides in memory only, as before: a restart ends them)."""
-        if self.store.backend.instance is not None:
-            self.store.backend.put(OVERRIDES, name, dict(self.overrides.get(name, {})))
+        if self.backend.instance is not None:
+            self.backend.put(OVERRIDES, name, dict(self.overrides.get(name, {})))
 
     async def cycle(self, name: str) -> None:
         """An operator's one-off power cycle (not a change of desired state)."""
