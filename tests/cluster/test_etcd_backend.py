@@ -10,7 +10,7 @@ from layerpy.cluster.backend import EtcdBackend
 from layerpy.cluster.etcd import Etcd
 from layerpy.nodes.backend import Unreachable
 
-from etcd import EtcdCluster, Instance, backend
+from etcd import EtcdCluster, Instance, backend, first_contact
 
 pytestmark = pytest.mark.netns
 
@@ -181,6 +181,43 @@ def test_a_fresh_read_brings_the_others_record_or_says_etcd_is_unreachable(
             await asyncio.to_thread(cluster.members[2].kill)
             with pytest.raises(Unreachable, match="no etcd member answered"):
                 await asyncio.wait_for(a.fresh("tokens", "cn001"), 60)
+
+    instance.run(scenario)
+
+
+def test_an_amend_never_reverts_a_newer_record_another_instance_wrote(
+    cluster: EtcdCluster, instance: Instance, prefix: str
+) -> None:
+    """How a hello's boot id is kept: an instance whose write waited (its etcd member away)
+    while another issued the node a new token does not put the old token back; it reads
+    the new one back instead (a plain put did: the node's reports were then refused)."""
+
+    async def scenario() -> None:
+        etcd = Etcd(cluster.endpoints[:1])  # a's member: stopped below
+        await first_contact(etcd)
+        a = EtcdBackend(etcd, "a", prefix)
+        await a.open()
+        heard: list[tuple] = []
+        a.on_change(lambda *change: heard.append(change))
+        newest = {"sha256": "t2", "boot_id": None}
+        try:
+            async with backend(cluster, "b", prefix) as b:
+                a.put("tokens", "cn001", {"sha256": "t1", "boot_id": None})
+                await a.flush()
+                await until(lambda: b.get("tokens", "cn001") is not None, "b to hear t1")
+                await asyncio.to_thread(cluster.members[0].stop)
+                a.amend("tokens", "cn001", {"sha256": "t1", "boot_id": "b1"})  # it waits
+                b.put("tokens", "cn001", newest)
+                await asyncio.wait_for(b.flush(), 30)
+                await asyncio.to_thread(cluster.members[0].start)
+                await asyncio.wait_for(a.flush(), 60)
+                await until(lambda: a.get("tokens", "cn001") == newest, "a to read t2 back")
+                assert ("tokens", "cn001", newest) in heard  # the store follows it
+                await b.fresh("tokens", "cn001")
+                assert b.get("tokens", "cn001") == newest  # what etcd has
+        finally:
+            await a.close()
+            await etcd.close()
 
     instance.run(scenario)
 

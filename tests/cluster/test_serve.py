@@ -282,7 +282,8 @@ def test_an_agent_is_told_its_owner_first_by_either_instance(pair: tuple[Head, H
     for index, node in enumerate(NODES, 1):
         for head in (one, two):
             cmdline, answer = head.boot(index)
-            for servers in (cmdline, answer.get("servers", answer)):
+            assert "servers" in answer, (node, head.name, answer)
+            for servers in (cmdline, answer["servers"]):
                 assert servers[0] == url[owners[node]], (node, head.name, servers)
                 assert sorted(servers) == sorted(url.values())
 

@@ -46,6 +46,7 @@ MAX_QUEUED = 1 << 20
 Record = dict[str, Any]
 Callback = Callable[[str, str, Record | None], None]
 Write = tuple[str, str, Record, Record | None]  # kind, key, record, the record it replaces
+Queued = tuple[tuple[str, str], bytes | None]  # (kind, key), the value (None: delete)
 _GONE = object()
 
 
@@ -67,6 +68,7 @@ class EtcdBackend:
         self._mirror: dict[str, dict[str, Record]] = {kind: {} for kind in kinds}
         self._seen: dict[tuple[str, str], tuple[int, int]] = {}  # (current at, mod_revision)
         self._queue: OrderedDict[tuple[str, str], bytes | None] = OrderedDict()  # None: delete
+        self._bases: dict[tuple[str, str], int] = {}  # a queued amend: the mod_revision it needs
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
         self._drained.set()
@@ -122,12 +124,23 @@ class EtcdBackend:
         return self._mirror[kind].get(key)
 
     def put(self, kind: str, key: str, record: Record) -> None:
+        self._bases.pop((kind, key), None)
         self._enqueue(kind, key, self._encode(record))  # encoded now: the caller may change it
         self._mirror[kind][key] = record
 
     def delete(self, kind: str, key: str) -> None:
+        self._bases.pop((kind, key), None)
         self._enqueue(kind, key, None)
         self._mirror[kind].pop(key, None)
+
+    def amend(self, kind: str, key: str, record: Record) -> None:
+        where = (kind, key)
+        if where in self._queue and where not in self._bases:
+            self.put(kind, key, record)  # a put of ours still to go: it wins anyway
+            return
+        self._bases[where] = self._seen.get(where, (0, 0))[1]  # 0: absent
+        self._enqueue(kind, key, self._encode(record))
+        self._mirror[kind][key] = record
 
     async def create(self, kind: str, key: str, record: Record) -> bool:
         compare = Compare.version(self._key(kind, key), "==", 0)
@@ -301,12 +314,8 @@ class EtcdBackend:
                         await asyncio.wait_for(self._now.wait(), LINGER)
                 continue
             batch = list(itertools.islice(self._queue.items(), size))  # not the whole queue
-            ops = [
-                Op.delete(self._key(*where)) if value is None else Op.put(self._key(*where), value)
-                for where, value in batch
-            ]
             try:
-                result = await self._etcd.txn([], ops)
+                revision, took = await self._send(batch)
             except EtcdUnavailable as error:
                 if not away:
                     log.warning("etcd backend: %s; %d writes wait", error, len(self._queue))
@@ -320,21 +329,50 @@ class EtcdBackend:
                     size = 1  # find the write etcd refuses
                     continue
                 log.error("etcd backend: etcd refused the write of %s/%s: %s", *batch[0][0], error)
-                result = None
+                revision, took = None, [False]
             if away:
                 log.warning("etcd backend: etcd is back; %d writes wait", len(self._queue))
             pause, away, size = 0.1, False, BATCH
-            for where, value in batch:
+            outdated = []
+            for (where, value), landed in zip(batch, took, strict=True):
                 if self._queue.get(where, _GONE) is value:  # not written again meanwhile
                     del self._queue[where]
-                    if result is not None:
-                        mod = 0 if value is None else result.revision
-                        self._settle_write(where, result.revision, mod)
+                    amended = self._bases.pop(where, None) is not None
+                    if revision is not None and landed:
+                        self._settle_write(where, revision, 0 if value is None else revision)
+                    elif revision is not None and amended:
+                        outdated.append(where)
+            for kind, key in outdated:
+                await self._read_back(kind, key)
             sent, self._sent = self._sent, asyncio.Event()
             sent.set()
             if self.backed_up and len(self._queue) <= self.max_queued // 2:
                 self.backed_up = False
                 self.on_backlog(False)
+
+    async def _send(self, batch: list[Queued]) -> tuple[int, list[bool]]:
+        """One transaction of queued writes: etcd's revision, and per write whether it
+        landed (a put or delete always does; an amend only if its key is unchanged)."""
+        ops = [
+            Op.delete(self._key(*where)) if value is None else Op.put(self._key(*where), value)
+            for where, value in batch
+        ]
+        bases = [self._bases.get(where) for where, _ in batch]
+        if all(base is None for base in bases):
+            return (await self._etcd.txn([], ops)).revision, [True] * len(batch)
+        return await self._etcd.each_txn([
+            ([] if base is None else [Compare.mod_revision(op.key, "==", base)], [op])
+            for op, base in zip(ops, bases, strict=True)
+        ])  # fmt: skip
+
+    async def _read_back(self, kind: str, key: str) -> None:
+        """An amend that found its key changed: the newer record, read back (the watch may
+        have brought it while the amend was queued, and kept the amend in the mirror)."""
+        self._seen.pop((kind, key), None)
+        try:
+            await self.fresh(kind, key)
+        except Unreachable as error:  # the watch's next event of the key applies
+            log.warning("etcd backend: %s/%s not read back: %s", kind, key, error)
 
     def _settle_write(self, where: tuple[str, str], at: int, mod: int) -> None:
         if at > self._seen.get(where, (0, 0))[0]:

@@ -52,6 +52,13 @@ class Backend(Protocol):
 
     def delete(self, kind: str, key: str) -> None: ...
 
+    def amend(self, kind: str, key: str, record: Record) -> None:
+        """A put that must not revert a newer record another instance wrote meanwhile (a
+        boot id learned under a token another instance may have replaced): it lands only
+        if the key is still as this instance last saw it, else the newer one is read back
+        and reaches ``on_change`` (one server: a put)."""
+        ...
+
     async def create(self, kind: str, key: str, record: Record) -> bool:
         """Write only if no record of that key exists; False: someone has it."""
         ...
@@ -141,6 +148,10 @@ class LocalJournal:
             journal.append([{journal.key: key, **record}])
             if journal.crowded(len(live)):
                 self._rewrite(kind)
+
+    def amend(self, kind: str, key: str, record: Record) -> None:
+        """One server: no one else writes its records."""
+        self.put(kind, key, record)
 
     def delete(self, kind: str, key: str) -> None:
         live = self._live.setdefault(kind, {})

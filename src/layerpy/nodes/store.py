@@ -290,8 +290,9 @@ class NodeStore:
             assert node.boot is not None
             if node.boot.boot_id != effect.boot_id:
                 self.feed.publish(node.name, "observed", {"boot_id": effect.boot_id})
+            same_token = node.boot.token_digest == effect.digest  # a boot id learned under it
             node.boot.token_digest, node.boot.boot_id = effect.digest, effect.boot_id
-            self._keep_token(node)
+            self._keep_token(node, amend=same_token)
         elif isinstance(effect, Bind):
             previous = self.identities.bind(node, effect.mac)
             if previous is not None and not self._following:
@@ -351,10 +352,17 @@ class NodeStore:
         if self.instance is not None:
             self._dirty.add(node.name)
 
-    def _keep_token(self, node: Node) -> None:
-        """Through the backend before the answer that depends on it is sent."""
+    def _keep_token(self, node: Node, amend: bool = False) -> None:
+        """Through the backend before the answer that depends on it is sent; a boot id
+        learned under the token (``amend``) never reverts a token another instance issued
+        meanwhile."""
+        if self._following:
+            return
         try:
-            self._put(TOKENS, node.name, tokens.record(node))
+            if amend:
+                self.backend.amend(TOKENS, node.name, tokens.record(node))
+            else:
+                self.backend.put(TOKENS, node.name, tokens.record(node))
         except OSError as error:
             log.error("cannot save the boot token of %s: %s", node.name, error.strerror)
 
