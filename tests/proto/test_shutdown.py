@@ -75,6 +75,32 @@ def wait(condition, timeout: float, what: str, log: Path) -> float:
 
 
 @pytest.mark.netns
+def test_a_stand_in_bmc_outlives_its_clients_logging_out(tmp_path: Path) -> None:
+    """ipmitool logs out after each command; the fleet's BMCs must answer the next (a
+    logout once ended a whole fleet process, and its nodes' power went unread)."""
+    from netns import Netns, need_root
+
+    need_root()
+    ns = Netns("lpq")
+    try:
+        ns.run("ip", "link", "set", "lo", "up")
+        ns.run("ip", "addr", "add", f"{BMCS[0]}/32", "dev", "lo")
+        fleet_log = tmp_path / "fleet.log"
+        with fleet_log.open("wb") as out:
+            ns.popen([sys.executable, __file__, "0", "1"], stdout=out, stderr=out)
+        wait(lambda: b"ready" in fleet_log.read_bytes(), 60, "a stand-in BMC", fleet_log)
+        ipmitool = ["ipmitool", "-I", "lanplus", "-C", "3", "-H", BMCS[0], "-U", "admin",
+                    "-P", PASSWORD, "-N", "2", "-R", "3", "power", "status"]  # fmt: skip
+        for attempt in (1, 2, 3):
+            answer = ns.run(*ipmitool, check=False)
+            assert "Chassis Power is off" in answer.stdout, (
+                f"command {attempt}: {answer.stdout}{answer.stderr}\n{fleet_log.read_text()}"
+            )
+    finally:
+        ns.close()
+
+
+@pytest.mark.netns
 @pytest.mark.parametrize("bmcs", ["dead", "died"])
 def test_serve_exits_within_seconds_of_sigterm_with_1024_dead_bmcs(
     tmp_path: Path, bmcs: str
