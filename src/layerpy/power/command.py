@@ -31,6 +31,7 @@ from layerpy.text import printable
 KEEP = 4096  # bytes of each stream kept; the rest is read and dropped
 SHOWN = 200  # characters of output in an error message
 READ = 65536  # bytes read at a time
+AFTER_KILL = 1.0  # seconds the output is read on after a kill, until its pipes close
 PASSWORD_VARIABLE = "LAYERPY_BMC_PASSWORD"
 
 _slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
@@ -132,6 +133,9 @@ class CommandDriver:
                         f"open for {self.commands.timeout:g} s: killed"
                     )
                 _kill_group(process)
+                with contextlib.suppress(TimeoutError):  # to their end: the pipes close
+                    async with asyncio.timeout(AFTER_KILL):
+                        await asyncio.gather(_keep(process.stdout, out), _keep(process.stderr, err))
                 raise self._failed(operation, why, out, err) from None
             finally:  # also when the caller stopped waiting
                 if process.returncode is None:
