@@ -101,7 +101,10 @@ def test_status_by_output(printed: str, state: str) -> None:
 @pytest.mark.parametrize(
     ("printed", "why"),
     [
-        ("on and off", "output matches neither status_on nor status_off (garbage?); stdout: on and off"),
+        (
+            "on and off",
+            "output matches neither status_on nor status_off (garbage?); stdout: on and off",
+        ),
         ("", "output matches neither status_on nor status_off (garbage?)"),
     ],
 )
@@ -290,7 +293,7 @@ def test_no_value_can_add_or_split_arguments(tmp_path: Path, monkeypatch) -> Non
     config = load(tmp_path / "nodes.toml")
     asyncio.run(make_driver("pi2", config.nodes["pi2"].bmc).on())
     assert out.read_bytes().split(b"\0")[:-1] == [
-        b"--community=it's a \"secret\"; rm -rf / $(reboot) `id`",
+        b'--community=it\'s a "secret"; rm -rf / $(reboot) `id`',
         b"pi2 6",
         b"3true",
         b"{}",

@@ -21,8 +21,7 @@ from typing import Any
 from layerpy.config import values
 from layerpy.config.reading import Getter, Reader
 from layerpy.config.records import NodeConfig
-from layerpy.power.base import CommandSpec, PowerSpec
-from layerpy.power.poller import POLL_TIMEOUT
+from layerpy.power.base import POLL_TIMEOUT, CommandSpec, PowerSpec
 
 OPERATIONS = ("on", "off", "cycle", "status", "boot_network")
 REQUIRED = ("on", "off", "status")
@@ -116,7 +115,7 @@ def _fields(arg: str) -> tuple[tuple[str, str | None], ...]:
             shown = field + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
             raise ValueError(
                 f"{{{shown}}} is no placeholder: write {{name}} (node, address, port, user or "
-                "a variable), or {{{{ and }}}} for braces"
+                "a variable), or {{ and }} for braces"
             )
         pieces.append((literal, field))
     return tuple(pieces)
@@ -155,7 +154,7 @@ def _scalar(name: str, value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, str | int | float):
         return str(value)
-    raise ValueError(f"{{{name}}}: vars.{name} is a {type(value).__name__}, not a value")
+    raise ValueError(f"{{{name}}}: vars.{name} is no string, number or boolean")
 
 
 def _pattern(value: str) -> str:

@@ -7,6 +7,7 @@ from typing import Protocol
 
 DRIVERS = ("ipmi", "redfish", "qemu", "command", "none")
 MAX_SESSIONS = 16  # IPMI worker threads, and power commands running at once
+POLL_TIMEOUT = 60.0  # seconds: a poll a driver never ends counts as failed (drivers bound it)
 
 
 class PowerError(Exception):

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from layerpy.power.base import MAX_SESSIONS, PowerDriver, PowerError
+from layerpy.power.base import MAX_SESSIONS, POLL_TIMEOUT, PowerDriver, PowerError
 
 if TYPE_CHECKING:
     from layerpy.stats import Stats
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("layerpy.power")
 
 POLL_SLOTS = MAX_SESSIONS * 3 // 4  # polls at once; the rest of the workers serve actions
-POLL_TIMEOUT = 60.0  # seconds: a poll a driver never ends counts as failed (drivers bound it)
 BACKOFF = (1.0, 60.0)  # seconds: first retry after a failure, and the longest wait
 
 Report = Callable[[str, str | None, str | None], None]
