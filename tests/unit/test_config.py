@@ -765,3 +765,24 @@ def test_broken_power_command_of_a_node(write) -> None:
         "address, port or user, nor one of its vars (none); add it to vars, or write {{ and }} "
         "for braces"
     )
+
+
+def test_the_power_command_examples_of_the_docs_load(write) -> None:
+    """docs/config.md's PDU, PoE switch and smart plug examples, as written there."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "config.md").read_text()
+    section = doc.split("### Power by command", 1)[1].split("\n## ", 1)[0]
+    examples = [block.split("```", 1)[0] for block in section.split("```toml\n")[1:]]
+    assert len(examples) == 3
+    config = load(write(VALID + "\n" + "\n".join(examples)))
+    pi3, sbc24, node4 = (config.nodes[n].bmc.command for n in ("pi3", "sbc24", "node4"))
+    assert pi3.on == ("snmpset", "-v2c", "-c", "private", "pdu1.mgmt",
+                      ".1.3.6.1.4.1.318.1.1.4.4.2.1.3.3", "i", "1")  # fmt: skip
+    assert sbc24.status[-1] == ".1.3.6.1.2.1.105.1.1.1.3.1.24"
+    assert node4.off == (
+        "curl",
+        "-fsS",
+        "--max-time",
+        "10",
+        "http://plug-4.lab/cm?cmnd=Power%20Off",
+    )
+    assert (node4.cycle, node4.status_on) == ((), '"POWER":"ON"')

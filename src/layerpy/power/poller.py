@@ -202,6 +202,6 @@ class Poller:
 
 
 def driver_kind(driver: PowerDriver) -> str:
-    """The metrics label of a driver (ipmi, redfish, qemu, none): from its class, never
+    """The metrics label of a driver (ipmi, redfish, qemu, command, none): from its class, never
     from its node or address."""
     return type(driver).__name__.removesuffix("Driver").lower()
