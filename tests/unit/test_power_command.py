@@ -182,10 +182,15 @@ def test_a_hanging_command_is_killed_with_everything_it_started(tmp_path: Path) 
         time.sleep(0.02)
 
 
-def test_a_command_whose_caller_stops_waiting_is_killed(tmp_path: Path) -> None:
-    """The poller's own bound, or a shutdown, cancels the operation: nothing is left."""
+@pytest.mark.parametrize("leaves", [False, True])
+def test_a_command_whose_caller_stops_waiting_is_killed(tmp_path: Path, leaves: bool) -> None:
+    """The poller's own bound, or a shutdown, cancels the operation: nothing is left, be
+    it the command itself or (`leaves`) what it left behind holding its output."""
     pids = tmp_path / "pids"
-    pi = driver(status=(HANG, str(pids)), timeout=60)
+    status = (HANG, str(pids))
+    if leaves:
+        status = ("sh", "-c", f"sleep 3600 & echo $! > {pids}.part; mv {pids}.part {pids}")
+    pi = driver(status=status, timeout=60)
 
     async def scenario() -> None:
         task = asyncio.create_task(pi.status())

@@ -119,11 +119,13 @@ class CommandDriver:
                 reason = f"cannot start {printable(argv[0])}: {error.strerror or error}"
                 raise PowerError(f"{self.node}: {operation} command: {reason}") from None
             assert process.stdout is not None and process.stderr is not None
+            ended = False  # by itself, its output read to the end
             try:
                 async with asyncio.timeout(self.commands.timeout):
                     await asyncio.gather(
                         _keep(process.stdout, out), _keep(process.stderr, err), process.wait()
                     )
+                ended = True
             except TimeoutError:
                 if process.returncode is None:
                     why = f"no end in {self.commands.timeout:g} s: killed"
@@ -137,8 +139,8 @@ class CommandDriver:
                     async with asyncio.timeout(AFTER_KILL):
                         await asyncio.gather(_keep(process.stdout, out), _keep(process.stderr, err))
                 raise self._failed(operation, why, out, err) from None
-            finally:  # also when the caller stopped waiting
-                if process.returncode is None:
+            finally:  # also when the caller stopped waiting: nothing of it is left behind
+                if not ended:
                     _kill_group(process)
                     await asyncio.shield(process.wait())
         code = process.returncode
