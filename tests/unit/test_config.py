@@ -710,6 +710,10 @@ def test_power_commands(write) -> None:
             "groups.compute.bmc.status_exit: give status_exit or status_on/status_off, not both",
         ),
         (
+            ('driver = "command"', 'driver = "command", status_off = ""'),
+            "groups.compute.bmc.status_off: is empty: it would match any output",
+        ),
+        (
             ('driver = "command"', 'driver = "command", status_exit = { on = 0 }'),
             "groups.compute.bmc.status_exit: must name the exit codes of both states, like "
             "{{ on = 0, off = 1 }}",

@@ -37,7 +37,7 @@ def read(r: Reader, get: Getter, prefix: str) -> CommandSpec | None:
     status_off = get("status_off", str, _pattern)
     status_exit = get("status_exit", dict, _exit_codes, default=())
     timeout = get("timeout", (int, float), _timeout, default=CommandSpec.timeout)
-    if status_exit and (status_on or status_off):
+    if status_exit and (status_on is not None or status_off is not None):
         r.problem(f"{prefix}.status_exit", "give status_exit or status_on/status_off, not both")
     if any(argvs[op] is None for op in REQUIRED) or len(r.problems) > known:
         return None
@@ -158,6 +158,8 @@ def _scalar(name: str, value: Any) -> str:
 
 
 def _pattern(value: str) -> str:
+    if not value:
+        raise ValueError("is empty: it would match any output")
     try:
         re.compile(value)
     except re.error as error:
