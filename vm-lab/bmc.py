@@ -56,6 +56,7 @@ from pyghmi.ipmi import console as pyghmi_console
 from pyghmi.ipmi.bmc import Bmc
 from pyghmi.ipmi.private import serversession
 from pyghmi.ipmi.private import session as pyghmi_session
+
 from qmp_power import OFF_STATES, qmp
 
 HERE = Path(__file__).resolve().parent
