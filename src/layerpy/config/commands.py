@@ -64,15 +64,13 @@ def fill(r: Reader, nodes: dict[str, NodeConfig], own: set[str]) -> None:
         )
         filled = {}
         for op in OPERATIONS:
-            argv = getattr(spec.command, op)
             try:
-                filled[op] = tuple(_fill(arg, node, spec) for arg in argv)
+                filled[op] = tuple(_fill(arg, node, spec) for arg in getattr(spec.command, op))
             except ValueError as error:
                 if (f"{where}.{op}", str(error)) not in said:
                     said.add((f"{where}.{op}", str(error)))
                     r.problem(f"{where}.{op}", f"{name}: {error}")
-                break
-        else:
+        if len(filled) == len(OPERATIONS):
             nodes[name] = replace(node, bmc=replace(spec, command=replace(spec.command, **filled)))
 
 
