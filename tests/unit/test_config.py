@@ -748,8 +748,8 @@ def test_power_commands(write) -> None:
     ],
 )
 def test_broken_power_commands(write, change, expected) -> None:
-    """Each problem once for the table that gave the commands (the first command that
-    has it; not once per node)."""
+    """Each problem once for each command of the table that gave them, never once per
+    node."""
     path = write(COMMANDED.replace(*change))
     with pytest.raises(ConfigError) as raised:
         load(path)
