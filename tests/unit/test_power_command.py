@@ -305,3 +305,8 @@ def test_no_value_can_add_or_split_arguments(tmp_path: Path, monkeypatch) -> Non
         b"pw with spaces",
     ]
     assert "pw with spaces" not in repr(config.nodes["pi2"])
+
+
+def test_make_driver_wants_the_commands() -> None:
+    with pytest.raises(PowerError, match=r"^pi1: power driver command needs its commands$"):
+        make_driver("pi1", PowerSpec("command"))
