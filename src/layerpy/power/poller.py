@@ -5,9 +5,9 @@ time out and delays no one else), one that fails is tried again after 1, 2, 4 â€
 and never given up (a BMC resets for minutes, or comes up after the server), and a success
 brings it back to the interval. At most ``limit`` polls run at once, fewer than the IPMI
 workers (and the power commands run at once), so that the engine's power actions still
-find a worker free; and failing BMCs
-never take the last quarter of those, so that a thousand dead BMCs, each holding a worker
-for seconds, do not keep a live one from being read on time.
+find a worker free; and failing BMCs never take the last quarter of those, so that a
+thousand dead BMCs, each holding a worker for seconds, do not keep a live one from being
+read on time.
 """
 
 from __future__ import annotations
