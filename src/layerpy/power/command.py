@@ -119,30 +119,29 @@ class CommandDriver:
                 reason = f"cannot start {printable(argv[0])}: {error.strerror or error}"
                 raise PowerError(f"{self.node}: {operation} command: {reason}") from None
             assert process.stdout is not None and process.stderr is not None
-            ended = False  # by itself, its output read to the end
+            finished = False  # by itself, its output read to the end
+            exited = None  # when not: its exit code at the kill, had it exited by itself
             try:
                 async with asyncio.timeout(self.commands.timeout):
                     await asyncio.gather(
                         _keep(process.stdout, out), _keep(process.stderr, err), process.wait()
                     )
-                ended = True
+                finished = True
             except TimeoutError:
-                if process.returncode is None:
-                    why = f"no end in {self.commands.timeout:g} s: killed"
-                else:  # a process it started holds its output open
-                    why = (
-                        f"exited {process.returncode}, but what it started kept its output "
-                        f"open for {self.commands.timeout:g} s: killed"
-                    )
-                _kill_group(process)
-                with contextlib.suppress(TimeoutError):  # to their end: the pipes close
-                    async with asyncio.timeout(AFTER_KILL):
-                        await asyncio.gather(_keep(process.stdout, out), _keep(process.stderr, err))
-                raise self._failed(operation, why, out, err) from None
-            finally:  # also when the caller stopped waiting: nothing of it is left behind
-                if not ended:
-                    _kill_group(process)
-                    await asyncio.shield(process.wait())
+                pass
+            finally:  # timed out, or the caller stopped waiting: nothing of it is left behind
+                if not finished:
+                    exited = process.returncode
+                    await _end(process, out, err)
+        if not finished:
+            if exited is None:
+                why = f"no end in {self.commands.timeout:g} s: killed"
+            else:  # a process it started held its output open
+                why = (
+                    f"exited {exited}, but what it started kept its output open for "
+                    f"{self.commands.timeout:g} s: killed"
+                )
+            raise self._failed(operation, why, out, err)
         code = process.returncode
         assert code is not None
         if check and code != 0:
@@ -155,7 +154,7 @@ class CommandDriver:
         program = printable(getattr(self.commands, operation)[0], 80)
         message = f"{self.node}: {operation} command {program}: {why}"
         for name, data in (("stderr", err), ("stdout", out)):
-            if text := data.decode(errors="replace").strip():
+            if text := data.decode(errors="backslashreplace").strip():
                 message += f"; {name}: {printable(text, SHOWN)}"
         return PowerError(message)
 
@@ -167,8 +166,13 @@ async def _keep(stream: asyncio.StreamReader, kept: bytearray) -> None:
             kept += chunk[: KEEP - len(kept)]
 
 
-def _kill_group(process: asyncio.subprocess.Process) -> None:
-    """SIGKILL the command's process group: it leads a session of its own, and what it
-    started is in the group too."""
+async def _end(process: asyncio.subprocess.Process, out: bytearray, err: bytearray) -> None:
+    """SIGKILL the command's process group (it leads a session of its own, and what it
+    started is in the group too), read its output on until the pipes close, and reap it."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
+    assert process.stdout is not None and process.stderr is not None
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(AFTER_KILL):
+            await asyncio.gather(_keep(process.stdout, out), _keep(process.stderr, err))
+    await asyncio.shield(process.wait())
