@@ -2,7 +2,7 @@
 paused VM (no NIC, no disk: it need not boot anything to show its power state) through its
 QMP socket, as a PDU's tool switches an outlet. No network is involved. The whole path, a
 VM booted to ready by ``layerpy serve`` through these commands, is
-tests/e2e/test_power_command.py."""
+tests/e2e/test_power_by_command.py."""
 
 from __future__ import annotations
 
