@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from layerpy import hostlist
-from layerpy.config import values
+from layerpy.config import commands, values
 from layerpy.config.reading import Reader
 from layerpy.config.records import (
     POWER_STATES,
@@ -28,6 +28,8 @@ SWITCH_KEYS = {"chassis_id", "relay", "remote_id", "relay_sources"}
 BMC_KEYS = {
     "driver", "address", "user", "password_file", "password_env", "verify_tls", "port", "console",
 }  # fmt: skip
+# a command gets its user, port and password as it is told, and has no TLS to verify
+COMMAND_BMC_KEYS = (BMC_KEYS - {"verify_tls"}) | commands.KEYS
 
 
 def switches(r: Reader, data: dict[str, Any]) -> dict[str, SwitchConfig]:
@@ -107,6 +109,10 @@ def read(
         if node is not None:
             nodes[name] = node
             origin.setdefault(name, f"nodes.{name}")
+    own_bmc = {
+        name for name, table in overrides.items() if isinstance(table, dict) and "bmc" in table
+    }
+    commands.fill(r, nodes, own_bmc)  # now that each node's vars are known
     _check_unique(r, nodes, origin, network, server)
     return nodes
 
@@ -188,17 +194,19 @@ def _override(
 
 def _bmcs(r: Reader, table: Any, prefix: str, names: list[str]) -> list[PowerSpec] | None:
     """One power spec per node; ``address`` is a hostlist matching the nodes, one
-    address for all, or a template with ``{node}`` (e.g. a QMP socket path)."""
+    address for all, or a template with ``{node}`` (e.g. a QMP socket path). The power
+    commands of driver "command" are still templates: ``commands.fill`` fills them."""
     if table is None or not r.is_table(table, prefix):
         return None
-    r.unknown_keys(table, prefix, BMC_KEYS)
     get = r.getter(table, prefix)
     driver = get("driver", str, values.choice(DRIVERS), required=True)
+    r.unknown_keys(table, prefix, COMMAND_BMC_KEYS if driver == "command" else BMC_KEYS)
     address = get("address", str)
     password = r.password(get, prefix)
-    if driver is None:
+    command = commands.read(r, get, prefix) if driver == "command" else None
+    if driver is None or (driver == "command" and command is None):
         return None
-    if address is None and driver != "none":
+    if address is None and driver not in ("none", "command"):
         r.problem(f"{prefix}.address", f"is required for driver {driver!r}")
         return None
     if address is None or "{node}" in address:
@@ -219,6 +227,7 @@ def _bmcs(r: Reader, table: Any, prefix: str, names: list[str]) -> list[PowerSpe
         "password": password,
         "verify_tls": get("verify_tls", bool, default=True),
         "port": get("port", int, values.port),
+        "command": command,  # templates until commands.fill
     }
     console = get("console", str, values.console)
     if console == "sol" and driver != "ipmi":
