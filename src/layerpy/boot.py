@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from ipaddress import IPv4Address
+from pathlib import Path
 from typing import Any, Protocol
 
 from layerpy.config import Config
@@ -25,6 +26,7 @@ from layerpy.logs import Throttle
 from layerpy.model import Node, Phase
 from layerpy.nodes import DISCOVERY, Ack, NodeStore, ReportRejected
 from layerpy.nodes.backend import CLIENTS, LEASES, TOKENS, Backend, Record, Unreachable
+from layerpy.proto import rpi
 from layerpy.proto.agent import Cmdline
 from layerpy.proto.dhcp import ANY, DISCOVER, OPT_VENDOR_CLASS, DhcpPacket, Offer
 from layerpy.proto.dhcp_server import Action, Effect, Grant
@@ -34,15 +36,18 @@ log = logging.getLogger("layerpy.dhcp")
 quiet = Throttle(log)  # what a client causes on every retry: a few lines a minute
 RECHECK = 1.0  # seconds: how often a node's boot token may be read again from etcd
 TOKEN_WAIT = 2.0  # seconds a boot script waits for its token to reach etcd (a cluster)
+CMDLINE_KEEP = 300.0  # seconds a Pi's cmdline.txt (and its token) serves the same boot
 
 
 @dataclass(frozen=True)
 class Firmware:
-    """A kind of boot firmware: which iPXE binary of ``[ipxe]`` it is sent, and how."""
+    """A kind of boot firmware: which iPXE binary of ``[ipxe]`` it is sent, and how; or,
+    for firmware that loads no iPXE, the PXE menu item it looks for (its files by TFTP)."""
 
     name: str  # in logs and boot timelines
-    binary: str  # the [ipxe] key naming the binary
+    binary: str  # the [ipxe] key naming the binary ("" with a menu)
     http: bool = False  # UEFI HTTP boot: the binary by http:// URL (no TFTP)
+    menu: str | None = None  # option 43's boot menu item instead of a binary
 
 
 # IANA "Processor Architecture Types" (DHCP option 93, RFC 4578 and later); anything else
@@ -55,7 +60,9 @@ ARCHITECTURES = {
     16: Firmware("uefi-http", "uefi", http=True),
     19: Firmware("uefi-arm64-http", "arm64", http=True),
 }
-FIRMWARE = {firmware.name: firmware for firmware in ARCHITECTURES.values()}
+# A Raspberry Pi 4/5 bootloader says arch 0 like a BIOS; its option 97 tells it apart.
+RPI = Firmware("rpi", "", menu=rpi.MENU)
+FIRMWARE = {firmware.name: firmware for firmware in (*ARCHITECTURES.values(), RPI)}
 KEPT = (BOUND, DECLINED, FREE)  # lease states kept: an offer is no promise
 DISCOVERY_LEASE = 300  # seconds: a discovery address is only held until the node is known
 PER_PORT = 4  # discovery addresses the machines behind one relay port may hold at once
@@ -66,6 +73,9 @@ def firmware_of(request: DhcpPacket) -> str:
     ``arch-N`` for an architecture nobody knows."""
     if request.is_ipxe:
         return "ipxe"
+    guid = request.rpi_guid  # a Pi's REQUEST has no option 60: ask before it
+    if guid is not None and guid[0] is not None and not request.is_http_client:
+        return RPI.name
     if not (request.is_pxe_client or request.is_http_client):
         return "os"
     arch = request.client_arch
@@ -123,6 +133,7 @@ class Booter(Protocol):
     async def script(self, name: str, remote: str) -> str | None: ...
     def discovery_script(self, mac: str, remote: str) -> str | None: ...
     def fetched(self, remote: str, phase: Phase) -> None: ...
+    async def rpi_file(self, remote: str, path: str) -> bytes | Path | None: ...
     def known(self, address: str) -> bool: ...
     async def report(self, payload: Any) -> Ack: ...
     def holds_token(self, name: str, token: str) -> bool: ...
@@ -180,6 +191,8 @@ class BootPolicy:
         self.peers: tuple[str, ...] = ()  # the other instances' URLs on this segment
         self.owner_url: Callable[[str], str | None] = lambda node: None  # its owner's URL
         self._rechecked: dict[str, float] = {}  # node -> when its token was read again
+        # node -> (when, text): a Pi's cmdline.txt, read more than once in one boot
+        self._cmdlines: dict[str, tuple[float, bytes]] = {}
         if self._shared:
             self.backend.on_change(self._leased_elsewhere)
 
@@ -336,10 +349,16 @@ class BootPolicy:
         location = self._relay_location(request)
         located = self.nodes.who_is(mac, location) if location is not None else None
         node = located or self.nodes.by_mac(mac)
+        node, firmware = self._pi(request, node, firmware)
         loads = self._loads(firmware)
         if loads is None:  # boot firmware we have no binary for: refused, not guessed at
             why = f"firmware {firmware} (option 93): no iPXE binary for it in [ipxe]"
+            if firmware == RPI.name:
+                why = "a Raspberry Pi bootloader (option 97): the node file has no [rpi]"
             return Verdict(mac, firmware, vendor, node, location, False, None, why, True)
+        if node is None and firmware == RPI.name:
+            why = "unknown Raspberry Pi: no node has its MAC or serial (no discovery boot)"
+            return Verdict(mac, firmware, vendor, None, location, False, None, why)
         if node is not None:
             grant: Grant | None = Grant(self._offer_for(node, firmware, loads))
             why = node.name
@@ -348,6 +367,21 @@ class BootPolicy:
         boot_request = node is not None and firmware != "os" and request.message_type == DISCOVER
         return Verdict(mac, firmware, vendor, node, location, boot_request, grant, why,
                        xid=request.xid)  # fmt: skip
+
+    def _pi(self, request: DhcpPacket, node: Node | None, firmware: str) -> tuple[Node | None, str]:
+        """A Raspberry Pi bootloader is known by its serial (option 97) where its MAC is not
+        in the file; one that sends the old GUID (the serial four times, which anything
+        could send) is a Pi only when that serial is the node's."""
+        guid = request.rpi_guid
+        if guid is None:
+            return node, firmware
+        model, serial = guid
+        if node is None and model is not None:
+            name = self.config.serials.get(serial)
+            node = self.nodes.nodes.get(name) if name is not None else None
+        elif node is not None and model is None and node.config.serial == serial:
+            firmware = RPI.name if firmware == "bios" else firmware
+        return node, firmware
 
     def apply(self, verdict: Verdict, effects: Iterable[Effect]) -> None:
         """Write what a request showed, then what the answer to it commits, journalled
@@ -372,6 +406,7 @@ class BootPolicy:
         if effect.action is Action.OFFERED:  # a DISCOVER left unanswered starts no boot
             if verdict.boot_request and verdict.node is not None:
                 self.nodes.saw_boot_request(verdict.node, verdict.firmware, verdict.xid)
+                self._cmdlines.pop(verdict.node.name, None)  # a new boot: a new token
             return
         if effect.action is Action.ACKED:
             if verdict.node is not None and verdict.firmware != "os":
@@ -508,7 +543,9 @@ class BootPolicy:
         if remote != str(address):
             raise Refused(str(address))
         token = self.nodes.discovery_token(mac)
-        return None if token is None else self._script(DISCOVERY, token, mac)
+        if token is None:
+            return None
+        return self._script(DISCOVERY, self._cmdline(DISCOVERY, token, mac))
 
     def _offer_for(self, node: Node, firmware: str, loads: dict[str, Any]) -> Offer:
         """Authoritative: the node's address and what to boot. Proxy: what to boot, and
@@ -537,6 +574,10 @@ class BootPolicy:
         if firmware in ("os", "ipxe"):
             return {}
         kind = FIRMWARE.get(firmware)
+        if kind is not None and kind.menu is not None:  # a Pi: its files come by TFTP
+            if self.config.rpi is None:
+                return None
+            return {"pxe_menu": kind.menu, "next_server": self.config.server.address}
         binary = getattr(self.config.ipxe, kind.binary) if kind is not None else None
         if kind is None or binary is None:
             return None
@@ -558,27 +599,91 @@ class BootPolicy:
         address = self.address_of(node)
         if address is None or remote != str(address):
             raise Refused(str(address or "the address it shows the ProxyDHCP server (none yet)"))
-        token = self.nodes.issue_token(node)
-        mac = node.mac or node.config.mac or ""
-        script = self._script(node.name, token, mac, node.config.persist_disk or "")
-        if self._shared:
-            try:
-                await asyncio.wait_for(self.backend.written(TOKENS, name), TOKEN_WAIT)
-            except TimeoutError:
-                quiet.log("token not in etcd", logging.WARNING, "%s: its boot token is not in "
-                          "etcd after %g s; the script goes anyway", name, TOKEN_WAIT)  # fmt: skip
+        script = self._script(node.name, self._kernel_args(node))
+        await self._token_out(name)
         return script
 
-    def _script(self, name: str, token: str, mac: str, persist: str = "") -> str:
+    def _kernel_args(self, node: Node) -> str:
+        """The minOS's command line for one boot of `node`, with a fresh boot token: the
+        admin's ``[minos] cmdline``, then the agent's words (``Cmdline``). The iPXE script
+        and a Pi's cmdline.txt both carry it."""
+        token = self.nodes.issue_token(node)
+        mac = node.mac or node.config.mac or ""
+        return self._cmdline(node.name, token, mac, node.config.persist_disk or "")
+
+    def _cmdline(self, name: str, token: str, mac: str, persist: str = "") -> str:
         heartbeat = self.config.server.heartbeat
         layerpy = Cmdline(self.base_url, name, token, mac, heartbeat, persist=persist,
                           servers=self.servers_of(name))  # fmt: skip
-        cmdline = " ".join(arg for arg in ("initrd=minos", self.config.minos.cmdline) if arg)
-        cmdline += " " + layerpy.format()
+        return " ".join(arg for arg in (self.config.minos.cmdline, layerpy.format()) if arg)
+
+    async def _token_out(self, name: str) -> None:
+        """In a cluster, wait (TOKEN_WAIT at most) until the node's new token is in etcd:
+        the agent says hello to the node's owner, which may be another instance."""
+        if not self._shared:
+            return
+        try:
+            await asyncio.wait_for(self.backend.written(TOKENS, name), TOKEN_WAIT)
+        except TimeoutError:
+            quiet.log("token not in etcd", logging.WARNING, "%s: its boot token is not in "
+                      "etcd after %g s; it goes out anyway", name, TOKEN_WAIT)  # fmt: skip
+
+    async def rpi_file(self, remote: str, path: str) -> bytes | Path | None:
+        """A Raspberry Pi's TFTP file (docs/hardware.md): for the node at `remote` when it
+        boots as a Pi and the node file has [rpi]; None when the request is no Pi's (the
+        TFTP root then answers it, as for iPXE). FileNotFoundError: a Pi's request outside
+        its map, or under another Pi's directory."""
+        settings = self.config.rpi
+        node = self.nodes.by_ip(remote) if settings is not None else None
+        if settings is None or node is None or not self._is_pi(node):
+            return None
+        asked = rpi.parse_path(path)
+        mac = node.mac or node.config.mac
+        if asked is None or (
+            asked.prefix
+            and node.config.serial
+            and asked.prefix not in rpi.prefixes(node.config.serial, mac)
+        ):
+            raise FileNotFoundError(path)  # fmt: skip
+        if asked.name == rpi.CONFIG:
+            return rpi.config_txt(node.name, settings.config).encode()
+        if asked.name == rpi.CMDLINE:
+            return await self._pi_cmdline(node)
+        if asked.name in (rpi.KERNEL, rpi.INITRD):
+            self.nodes.mark(node, Phase.KERNEL if asked.name == rpi.KERNEL else Phase.INITRD)
+            return settings.kernel if asked.name == rpi.KERNEL else settings.initrd
+        found = settings.directory.joinpath(*asked.name.split("/"))
+        if not found.is_file():
+            raise FileNotFoundError(path)
+        return found
+
+    def _is_pi(self, node: Node) -> bool:
+        """Whether a node boots as a Pi: the file gives its serial, or its boot began with
+        a Pi bootloader's DHCP."""
+        boot = node.boot
+        return bool(node.config.serial) or (boot is not None and boot.firmware == RPI.name)
+
+    async def _pi_cmdline(self, node: Node) -> bytes:
+        """cmdline.txt: the same command line as the iPXE script's, its token issued once a
+        boot (the Pi reads the file more than once: probe, read, and again from start4.elf);
+        a new DHCP DISCOVER or CMDLINE_KEEP seconds start the next."""
+        now = time.monotonic()
+        kept = self._cmdlines.get(node.name)
+        if kept is not None and now - kept[0] < CMDLINE_KEEP:
+            return kept[1]
+        settings = self.config.rpi
+        extra = settings.cmdline if settings is not None else ""
+        text = " ".join(arg for arg in (self._kernel_args(node), extra) if arg) + "\n"
+        self._cmdlines[node.name] = (now, text.encode())
+        self.nodes.mark(node, Phase.SCRIPT)
+        await self._token_out(node.name)
+        return text.encode()
+
+    def _script(self, name: str, cmdline: str) -> str:
         return (
             "#!ipxe\n"
             f"echo layerpy: booting {name} into the minOS\n"
-            f"kernel {self.base_url}/minos/kernel {cmdline}\n"
+            f"kernel {self.base_url}/minos/kernel initrd=minos {cmdline}\n"
             f"initrd --name minos {self.base_url}/minos/initrd\n"
             "boot\n"
         )

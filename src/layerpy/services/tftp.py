@@ -20,7 +20,7 @@ import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,11 +138,32 @@ class FileContent:
             self.fd = -1
 
 
-def _open(root: Path, request: proto.Request) -> FileContent:
-    """Runs in a worker thread: the policy checks stat the disk."""
-    proto.check_request(request)
+class MemoryContent:
+    """Bytes written for one request (a Raspberry Pi's config.txt, cmdline.txt)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, span: slice) -> bytes:
+        return self.data[span]
+
+    def close(self) -> None:
+        pass
+
+
+# What the boot policy makes of a request before the root directory is looked at: the
+# bytes or the file to send, None (not its business), or FileNotFoundError (refused).
+Files = Callable[[str, str], Awaitable[bytes | Path | None]]
+
+
+def _open(root: Path, request: proto.Request, path: Path | None = None) -> FileContent:
+    """Runs in a worker thread: the policy checks stat the disk. `path`: the file the
+    boot policy chose, else the one `request` names under `root`."""
     try:
-        content = FileContent(proto.safe_path(root, request.filename))
+        content = FileContent(path or proto.safe_path(root, request.filename))
     except OSError as exc:
         raise proto.TftpError(
             proto.ErrorCode.ACCESS_VIOLATION, exc.strerror or "unreadable"
@@ -164,7 +185,7 @@ class _Session:
     """
 
     def __init__(
-        self, server: TftpServer, transfer: proto.Transfer, content: FileContent,
+        self, server: TftpServer, transfer: proto.Transfer, content: FileContent | MemoryContent,
         sock: socket.socket, client: tuple, name: str, t0: float,
     ) -> None:  # fmt: skip
         self.server, self.transfer, self.content, self.sock = server, transfer, content, sock
@@ -247,10 +268,12 @@ class TftpServer:
         interface: str | None,
         on_event: Callable[[TftpEvent], None] | None,
         budget: TftpBudget,
+        files: Files | None = None,
         **options: float,
     ) -> None:
         self.root, self.address, self.interface, self.on_event = root, address, interface, on_event
         self.budget = budget
+        self.files = files
         self.options = options  # for Transfer: timeout, retries
         self.stats = TftpStats()
         self._listen: Datagrams | None = None
@@ -302,7 +325,7 @@ class TftpServer:
     async def _serve(self, request: proto.Request, client: tuple) -> None:
         t0 = time.monotonic()
         try:
-            content = await asyncio.to_thread(_open, self.root, request)
+            content = await self._content(request, client)
         except proto.TftpError as exc:
             if self._listen:
                 self._listen.send(exc.packet(), client)
@@ -316,6 +339,17 @@ class TftpServer:
             self._emit("failed", client, request.filename, t0, reason=str(exc))
             return
         _Session(self, transfer, content, sock, client, request.filename, t0)
+
+    async def _content(self, request: proto.Request, client: tuple) -> FileContent | MemoryContent:
+        """What to send: the boot policy's answer first (files), else the root's file."""
+        proto.check_request(request)
+        try:
+            found = await self.files(client[0], request.filename) if self.files else None
+        except FileNotFoundError:
+            raise proto.TftpError(proto.ErrorCode.FILE_NOT_FOUND, "file not found") from None
+        if isinstance(found, bytes):
+            return MemoryContent(found)
+        return await asyncio.to_thread(_open, self.root, request, found)
 
     def _emit(self, kind: str, client: tuple, name: str, t0: float, size=0, reason="") -> None:
         """Count, log and report the start or the end of one request, or a dropped datagram."""
@@ -367,12 +401,13 @@ async def start_tftp(
     interface: str | None = None,
     on_event: Callable[[TftpEvent], None] | None = None,
     budget: TftpBudget,
+    files: Files | None = None,
     timeout: float = 1.0,
     retries: int = 5,
 ) -> TftpServer:
     """Serve files under `root` read-only on address:port (bound to `interface` if given),
-    at most `budget`'s transfers at once."""
-    server = TftpServer(root, address, interface, on_event, budget, timeout=timeout,
+    at most `budget`'s transfers at once; `files` answers first where it knows the request."""
+    server = TftpServer(root, address, interface, on_event, budget, files, timeout=timeout,
                         retries=retries)  # fmt: skip
     try:
         sock = _socket(address, port, interface)
