@@ -253,7 +253,7 @@ class _Session:
             self.loop.remove_reader(self.sock.fileno())
             self.sock.close()
             self.content.close()
-            kind = "done" if self.transfer.state == "done" else "failed"
+            kind = "failed" if self.transfer.state == "failed" else "done"  # or "sized"
             acked, reason = self.transfer.bytes_acked, self.transfer.reason
             self.server._emit(kind, self.client, self.name, self.t0, acked, reason)
 
