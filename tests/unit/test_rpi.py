@@ -314,3 +314,19 @@ def test_rpi_dir_without_firmware_is_refused(pi_config) -> None:
     (pi_config.rpi.directory / "start4.elf").unlink()
     with pytest.raises(ConfigError, match=r"has no start4\.elf"):
         load(pi_config.path)
+
+
+def test_proxy_mode_gives_a_pi_the_boot_options_and_no_address(make_config, pi_config) -> None:
+    """Beside a site's DHCP server (dnsmasq's proxy mode in the Pi's own tutorial): the OFFER
+    names no address, carries option 43, 60 and siaddr; TFTP then goes by the node's `ip`,
+    the site's reservation (a Pi does not ask on port 4011)."""
+    text = pi_config.path.read_text().replace("heartbeat = 2\n", 'heartbeat = 2\ndhcp = "proxy"\n')
+    text = text.replace('pool = "10.99.0.200-10.99.0.250"\n', "")
+    pi_config.path.write_text(text)
+    policy = local_policy(load(pi_config.path))
+    service = DhcpService(policy, SERVER, Stats(), log_requests=False, port=67, proxy=True)
+    offer = service.handle(pi_discover(), ("0.0.0.0", 68))[1].reply
+    assert offer is not None and offer.yiaddr == IPv4Address(0)
+    assert offer.options[dhcp.OPT_VENDOR_SPECIFIC] == DOCUMENTED_43
+    assert offer.options[dhcp.OPT_VENDOR_CLASS] == b"PXEClient" and offer.siaddr == SERVER
+    assert b"layerpy.node=pi01" in fetch(service, PI_IP, f"{SERIAL}/cmdline.txt")
