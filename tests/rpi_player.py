@@ -10,8 +10,9 @@ bootloader's order, each asked with ``tsize 0`` and ``blksize 1024``, some first
 (OACK, then an ERROR "Early terminate"), the kernel and initramfs named by the config.txt
 it read. Prints one JSON document: the OFFER's and ACK's fields and every file's outcome.
 
-Usage (as root, in the Pi's namespace):
+Usage (as root, in the Pi's namespace; --save keeps each file read, by its base name):
     python3 tests/rpi_player.py IFACE MAC SERIAL [--model RPi4|RPi5] [--prefix serial|none]
+        [--save DIR]
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import time
 from ipaddress import IPv4Address, IPv4Network
+from pathlib import Path
 
 from layerpy.proto import dhcp, tftp
 
@@ -118,8 +120,8 @@ def dora(interface: str, mac: str, options: dict[int, bytes]) -> tuple[dhcp.Dhcp
 class Tftp:
     """The bootloader's TFTP client: one port per request, lock-step, tsize and blksize."""
 
-    def __init__(self, own: str, server: str) -> None:
-        self.own, self.server = own, server
+    def __init__(self, own: str, server: str, save: Path | None = None) -> None:
+        self.own, self.server, self.save = own, server, save
 
     def read(self, name: str, probe: bool = False) -> dict:
         """One request: a probe ends after the OACK with "Early terminate"; a read takes the
@@ -162,6 +164,8 @@ class Tftp:
                         sock.sendto(last, peer)
                         break
         outcome |= {"size": len(body), "sha256": hashlib.sha256(body).hexdigest()}
+        if self.save is not None:
+            (self.save / name.rsplit("/", 1)[-1]).write_bytes(body)
         if len(body) < 4096 and name.endswith(".txt"):
             outcome["text"] = body.decode(errors="replace")
         return outcome
@@ -207,6 +211,7 @@ def main() -> None:
     parser.add_argument("serial")
     parser.add_argument("--model", default="RPi4", choices=("RPi4", "RPi5"))
     parser.add_argument("--prefix", default="serial", choices=("serial", "none"))
+    parser.add_argument("--save", type=Path)
     args = parser.parse_args()
     options = {dhcp.OPT_PARAM_LIST: ASKED, dhcp.OPT_CLIENT_ARCH: b"\0\0",
                dhcp.OPT_CLIENT_NDI: b"\x01\x02\x01",
@@ -220,7 +225,7 @@ def main() -> None:
     named = ack.options.get(dhcp.OPT_TFTP_SERVER, b"").decode(errors="replace")
     server = named or str(IPv4Address(ack.options[dhcp.OPT_SERVER_ID]))
     prefix = f"{args.serial}/" if args.prefix == "serial" else ""
-    files = boot_files(Tftp(str(ack.yiaddr), server), prefix)
+    files = boot_files(Tftp(str(ack.yiaddr), server, args.save), prefix)
     json.dump({"offer": described(offer), "ack": described(ack), "tftp_server": server,
                "files": files, "seconds": time.monotonic() - started}, sys.stdout)  # fmt: skip
 
