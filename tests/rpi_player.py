@@ -133,6 +133,7 @@ class Tftp:
         last = tftp.encode(tftp.Request(tftp.Opcode.RRQ, name, "octet", options))
         peer, blksize, expected, body, tries = (self.server, 69), 512, 1, bytearray(), 0
         outcome: dict = {"name": name, "probe": probe}
+        started = time.monotonic()
         with sock:
             while True:
                 sock.sendto(last, peer)
@@ -163,7 +164,8 @@ class Tftp:
                     if answer.block == (expected - 1) & 0xFFFF and len(answer.payload) < blksize:
                         sock.sendto(last, peer)
                         break
-        outcome |= {"size": len(body), "sha256": hashlib.sha256(body).hexdigest()}
+        outcome |= {"size": len(body), "sha256": hashlib.sha256(body).hexdigest(),
+                    "seconds": round(time.monotonic() - started, 3)}  # fmt: skip
         if self.save is not None:
             (self.save / name.rsplit("/", 1)[-1]).write_bytes(body)
         if len(body) < 4096 and name.endswith(".txt"):

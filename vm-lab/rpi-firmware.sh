@@ -3,9 +3,10 @@
 # /var/cache/layerpy/rpi) from Debian's own packages, idempotently:
 #   raspi-firmware (non-free-firmware, arch all): start4.elf, fixup4*.dat (Pi 4 GPU firmware)
 #   linux-image-*-arm64 (the one linux-image-arm64 names): the bcm2711 device trees
-# apt runs on a private state directory (architecture arm64, the host's own Debian mirror,
-# components main and non-free-firmware): the host's apt sources, lists and architectures
-# stay as they are. Usage: vm-lab/rpi-firmware.sh [DIR]   (as root)
+# apt runs on a private state directory (architecture arm64, the host's own Debian mirror and
+# security archive, components main and non-free-firmware; the same kernel as the arm64
+# minOS's): the host's apt sources, lists and architectures stay as they are.
+# Usage: vm-lab/rpi-firmware.sh [DIR]   (as root)
 set -euo pipefail
 
 CACHE=${LAYERPY_CACHE:-/var/cache/layerpy}
@@ -21,17 +22,24 @@ fail() {
   exit 1
 }
 
-# The host's Debian mirror: the first URI of its deb822 or one-line sources for $SUITE.
-mirror=$(
+# The host's Debian mirror and security archive: URIs of its deb822 or one-line sources.
+uris=$(
   { sed -n 's/^URIs:[[:space:]]*//p' /etc/apt/sources.list.d/*.sources 2>/dev/null
-    sed -nE "s/^deb[[:space:]]+(\[[^]]*\][[:space:]]+)?([^[:space:]]+)[[:space:]]+$SUITE[[:space:]].*/\2/p" \
+    sed -nE "s/^deb[[:space:]]+(\[[^]]*\][[:space:]]+)?([^[:space:]]+)[[:space:]]+$SUITE[-[:space:]].*/\2/p" \
       /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null
-  } | grep -v -- '-security' | awk '{print $1}' | head -1
+  } | awk '{print $1}'
 ) || true
+mirror=$(grep -v -- '-security' <<< "$uris" | head -1) || true
+security=$(grep -- '-security' <<< "$uris" | head -1) || true
 [ -n "$mirror" ] || fail "no Debian mirror for $SUITE in the host's apt sources"
 
 mkdir -p "$STATE/lists/partial" "$STATE/archives/partial" "$STATE/empty" "$STATE/debs"
-echo "deb [arch=arm64 signed-by=$KEYRING] $mirror $SUITE main non-free-firmware" > "$STATE/sources.list"
+{
+  for suite in "$SUITE" "$SUITE-updates"; do
+    echo "deb [arch=arm64 signed-by=$KEYRING] $mirror $suite main non-free-firmware"
+  done
+  [ -z "$security" ] || echo "deb [arch=arm64 signed-by=$KEYRING] $security $SUITE-security main"
+} > "$STATE/sources.list"
 [ -f "$STATE/status" ] || : > "$STATE/status"
 APT=(-o APT::Architecture=arm64 -o APT::Architectures::=arm64
   -o "Dir::Etc::SourceList=$STATE/sources.list" -o "Dir::Etc::SourceParts=$STATE/empty"
