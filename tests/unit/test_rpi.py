@@ -310,6 +310,17 @@ def test_a_group_of_pis(pi_config) -> None:
     assert config.serials == {"9ffefdef": "pi01", "0000000a": "p1", "0000000b": "p2"}
 
 
+def test_rpi_dir_by_default(pi_config, monkeypatch) -> None:
+    """No `dir`: the set-up script's directory, checked as if it were written."""
+    text = pi_config.path.read_text().replace('[rpi]\ndir = "rpi"\n', "[rpi]\n")
+    pi_config.path.write_text(text)
+    monkeypatch.setattr("layerpy.config.boot.RPI_DIR", str(pi_config.rpi.directory))
+    assert load(pi_config.path).rpi.directory == pi_config.rpi.directory
+    monkeypatch.setattr("layerpy.config.boot.RPI_DIR", str(pi_config.path.parent / "none"))
+    with pytest.raises(ConfigError, match=r"rpi\.dir: \(default\) .*none has no start4"):
+        load(pi_config.path)
+
+
 def test_rpi_dir_without_firmware_is_refused(pi_config) -> None:
     (pi_config.rpi.directory / "start4.elf").unlink()
     with pytest.raises(ConfigError, match=r"has no start4\.elf"):

@@ -24,6 +24,8 @@ from layerpy.config.records import (
 )
 from layerpy.proto.agent import HEARTBEAT
 
+RPI_DIR = "/var/cache/layerpy/rpi"  # where vm-lab/rpi-firmware.sh puts the Pi firmware
+
 
 def server(r: Reader, data: dict[str, Any], network: NetworkConfig | None) -> ServerConfig | None:
     """Where the server listens and whether it answers DHCP; its address lies in the network."""
@@ -162,7 +164,12 @@ def rpi(r: Reader, data: dict[str, Any]) -> RpiConfig | None:
 
     table = r.table(data, "rpi", {"dir", "kernel", "initrd", "cmdline", "config"})
     get = r.getter(table, "rpi")
-    directory = get("dir", str, firmware, default="/var/cache/layerpy/rpi")
+    directory = get("dir", str, firmware)
+    if "dir" not in table:  # a default is not converted: check it as if it were written
+        try:
+            directory = firmware(RPI_DIR)
+        except ValueError as error:
+            r.problem("rpi.dir", f"(default) {error}")
     kernel = get("kernel", str, present, required=True)
     initrd = get("initrd", str, present, required=True)
     cmdline = get("cmdline", str, values.command_line, default="")

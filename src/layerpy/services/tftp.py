@@ -331,6 +331,13 @@ class TftpServer:
                 self._listen.send(exc.packet(), client)
             self._emit("denied", client, request.filename, t0, reason=exc.message)
             return
+        except Exception:  # a bug must not leave the client waiting for its retries
+            log.exception("TFTP request for %s", printable(request.filename))
+            refusal = proto.TftpError(proto.ErrorCode.NOT_DEFINED, "server error")
+            if self._listen:
+                self._listen.send(refusal.packet(), client)
+            self._emit("denied", client, request.filename, t0, reason=refusal.message)
+            return
         transfer = proto.Transfer(request, content, **self.options)
         try:
             sock = _socket(self.address, 0, self.interface, client)
