@@ -406,7 +406,7 @@ class BootPolicy:
         if effect.action is Action.OFFERED:  # a DISCOVER left unanswered starts no boot
             if verdict.boot_request and verdict.node is not None:
                 self.nodes.saw_boot_request(verdict.node, verdict.firmware, verdict.xid)
-                self._cmdlines.pop(verdict.node.name, None)  # a new boot: a new token
+                self._cmdlines.pop(verdict.node.name, None)  # a new boot: a new cmdline.txt
             return
         if effect.action is Action.ACKED:
             if verdict.node is not None and verdict.firmware != "os":
@@ -606,7 +606,8 @@ class BootPolicy:
     def _kernel_args(self, node: Node) -> str:
         """The minOS's command line for one boot of `node`, with a fresh boot token: the
         admin's ``[minos] cmdline``, then the agent's words (``Cmdline``). The iPXE script
-        and a Pi's cmdline.txt both carry it."""
+        and a Pi's cmdline.txt both carry it; a kept cmdline.txt's token is void now."""
+        self._cmdlines.pop(node.name, None)
         token = self.nodes.issue_token(node)
         mac = node.mac or node.config.mac or ""
         return self._cmdline(node.name, token, mac, node.config.persist_disk or "")
@@ -644,7 +645,7 @@ class BootPolicy:
             and node.config.serial
             and asked.prefix not in rpi.prefixes(node.config.serial, mac)
         ):
-            raise FileNotFoundError(path)  # fmt: skip
+            raise FileNotFoundError(path)
         if asked.name == rpi.CONFIG:
             return rpi.config_txt(node.name, settings.config).encode()
         if asked.name == rpi.CMDLINE:
