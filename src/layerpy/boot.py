@@ -131,9 +131,9 @@ class Booter(Protocol):
     def apply(self, verdict: Verdict, effects: Iterable[Effect]) -> None: ...
     def keeping(self) -> Awaitable[bool] | None: ...
     async def script(self, name: str, remote: str) -> str | None: ...
+    async def loader_file(self, name: str, remote: str) -> bytes | Path | None: ...
     def discovery_script(self, mac: str, remote: str) -> str | None: ...
     def fetched(self, remote: str, phase: Phase) -> None: ...
-    async def rpi_file(self, remote: str, path: str) -> bytes | Path | None: ...
     def known(self, address: str) -> bool: ...
     async def report(self, payload: Any) -> Ack: ...
     def holds_token(self, name: str, token: str) -> bool: ...
@@ -191,8 +191,8 @@ class BootPolicy:
         self.peers: tuple[str, ...] = ()  # the other instances' URLs on this segment
         self.owner_url: Callable[[str], str | None] = lambda node: None  # its owner's URL
         self._rechecked: dict[str, float] = {}  # node -> when its token was read again
-        # node -> (when, text): a Pi's cmdline.txt, read more than once in one boot
-        self._cmdlines: dict[str, tuple[float, bytes]] = {}
+        # node -> (when, token, text): a Pi's cmdline.txt, read more than once in one boot
+        self._cmdlines: dict[str, tuple[float, str, bytes]] = {}
         if self._shared:
             self.backend.on_change(self._leased_elsewhere)
 
@@ -350,15 +350,9 @@ class BootPolicy:
         located = self.nodes.who_is(mac, location) if location is not None else None
         node = located or self.nodes.by_mac(mac)
         node, firmware = self._pi(request, node, firmware)
-        loads = self._loads(firmware)
-        if loads is None:  # boot firmware we have no binary for: refused, not guessed at
-            why = f"firmware {firmware} (option 93): no iPXE binary for it in [ipxe]"
-            if firmware == RPI.name:
-                why = "a Raspberry Pi bootloader (option 97): the node file has no [rpi]"
-            return Verdict(mac, firmware, vendor, node, location, False, None, why, True)
-        if node is None and firmware == RPI.name:
-            why = "unknown Raspberry Pi: no node has its MAC or serial (no discovery boot)"
-            return Verdict(mac, firmware, vendor, None, location, False, None, why)
+        loads = self._loads(firmware, node)
+        if isinstance(loads, str):  # boot firmware we have nothing for: refused, not guessed at
+            return Verdict(mac, firmware, vendor, node, location, False, None, loads, True)
         if node is not None:
             grant: Grant | None = Grant(self._offer_for(node, firmware, loads))
             why = node.name
@@ -543,9 +537,9 @@ class BootPolicy:
         if remote != str(address):
             raise Refused(str(address))
         token = self.nodes.discovery_token(mac)
-        if token is None:
-            return None
-        return self._script(DISCOVERY, self._cmdline(DISCOVERY, token, mac))
+        return (
+            None if token is None else self._script(DISCOVERY, self._cmdline(DISCOVERY, token, mac))
+        )
 
     def _offer_for(self, node: Node, firmware: str, loads: dict[str, Any]) -> Offer:
         """Authoritative: the node's address and what to boot. Proxy: what to boot, and
@@ -567,20 +561,26 @@ class BootPolicy:
             **loads,
         )
 
-    def _loads(self, firmware: str) -> dict[str, Any] | None:
+    def _loads(self, firmware: str, node: Node | None) -> dict[str, Any] | str:
         """What a client of this firmware is told to load (Offer fields): nothing more for
-        an OS or iPXE (the caller adds the script), the iPXE binary for boot firmware, or
-        None when the node file has no binary for it."""
+        an OS or iPXE (the caller adds the script), for boot firmware the iPXE binary, for
+        a Raspberry Pi's bootloader the PXE menu it looks for (its files come by TFTP); or
+        why it gets nothing. A Pi no node claims gets nothing: its files are a node's."""
         if firmware in ("os", "ipxe"):
             return {}
         kind = FIRMWARE.get(firmware)
-        if kind is not None and kind.menu is not None:  # a Pi: its files come by TFTP
+        no_binary = f"firmware {firmware} (option 93): no iPXE binary for it in [ipxe]"
+        if kind is None:
+            return no_binary
+        if kind.menu is not None:
             if self.config.rpi is None:
-                return None
+                return "a Raspberry Pi bootloader (option 97): the node file has no [rpi]"
+            if node is None:
+                return "an unknown Raspberry Pi: no node has its MAC or serial (option 97)"
             return {"pxe_menu": kind.menu, "next_server": self.config.server.address}
-        binary = getattr(self.config.ipxe, kind.binary) if kind is not None else None
-        if kind is None or binary is None:
-            return None
+        binary = getattr(self.config.ipxe, kind.binary)
+        if binary is None:
+            return no_binary
         if kind.http:
             return {"bootfile": f"{self.base_url}/ipxe/{binary}"}
         return {"bootfile": binary, "next_server": self.config.server.address}
@@ -590,46 +590,21 @@ class BootPolicy:
 
     async def script(self, name: str, remote: str) -> str | None:
         """The iPXE script that loads the minOS with a fresh boot token, for node `name`
-        asking from `remote` (None: no such node; Refused: `remote` is not its address).
-        In a cluster it goes out once the token is in etcd (TOKEN_WAIT at most): the agent
-        says hello to the node's owner, which may be another instance."""
+        asking from `remote` (None: no such node; Refused: `remote` is not its address)."""
         node = self.nodes.nodes.get(name)
         if node is None:
             return None
         address = self.address_of(node)
         if address is None or remote != str(address):
             raise Refused(str(address or "the address it shows the ProxyDHCP server (none yet)"))
-        script = self._script(node.name, self._kernel_args(node))
-        await self._token_out(name)
-        return script
+        return self._script(node.name, await self._boot_cmdline(node))
 
-    def _kernel_args(self, node: Node) -> str:
-        """The minOS's command line for one boot of `node`, with a fresh boot token: the
-        admin's ``[minos] cmdline``, then the agent's words (``Cmdline``). The iPXE script
-        and a Pi's cmdline.txt both carry it; a kept cmdline.txt's token is void now."""
-        self._cmdlines.pop(node.name, None)
-        token = self.nodes.issue_token(node)
-        mac = node.mac or node.config.mac or ""
-        return self._cmdline(node.name, token, mac, node.config.persist_disk or "")
+    async def loader_file(self, name: str, remote: str) -> bytes | Path | None:
+        """A file TFTP serves by name beside its root's, for the machine at `remote`: a
+        Raspberry Pi's (rpi_file); None: not one of those (an iPXE binary, or nothing)."""
+        return await self.rpi_file(name, remote)
 
-    def _cmdline(self, name: str, token: str, mac: str, persist: str = "") -> str:
-        heartbeat = self.config.server.heartbeat
-        layerpy = Cmdline(self.base_url, name, token, mac, heartbeat, persist=persist,
-                          servers=self.servers_of(name))  # fmt: skip
-        return " ".join(arg for arg in (self.config.minos.cmdline, layerpy.format()) if arg)
-
-    async def _token_out(self, name: str) -> None:
-        """In a cluster, wait (TOKEN_WAIT at most) until the node's new token is in etcd:
-        the agent says hello to the node's owner, which may be another instance."""
-        if not self._shared:
-            return
-        try:
-            await asyncio.wait_for(self.backend.written(TOKENS, name), TOKEN_WAIT)
-        except TimeoutError:
-            quiet.log("token not in etcd", logging.WARNING, "%s: its boot token is not in "
-                      "etcd after %g s; it goes out anyway", name, TOKEN_WAIT)  # fmt: skip
-
-    async def rpi_file(self, remote: str, path: str) -> bytes | Path | None:
+    async def rpi_file(self, name: str, remote: str) -> bytes | Path | None:
         """A Raspberry Pi's TFTP file (docs/hardware.md): for the node at `remote` when it
         boots as a Pi and the node file has [rpi]; None when the request is no Pi's (the
         TFTP root then answers it, as for iPXE). FileNotFoundError: a Pi's request outside
@@ -638,14 +613,14 @@ class BootPolicy:
         node = self.nodes.by_ip(remote) if settings is not None else None
         if settings is None or node is None or not self._is_pi(node):
             return None
-        asked = rpi.parse_path(path)
+        asked = rpi.parse_path(name)
         mac = node.mac or node.config.mac
         if asked is None or (
             asked.prefix
             and node.config.serial
             and asked.prefix not in rpi.prefixes(node.config.serial, mac)
         ):
-            raise FileNotFoundError(path)
+            raise FileNotFoundError(name)
         if asked.name == rpi.CONFIG:
             return rpi.config_txt(node.name, settings.config).encode()
         if asked.name == rpi.CMDLINE:
@@ -655,7 +630,7 @@ class BootPolicy:
             return settings.kernel if asked.name == rpi.KERNEL else settings.initrd
         found = settings.directory.joinpath(*asked.name.split("/"))
         if not found.is_file():
-            raise FileNotFoundError(path)
+            raise FileNotFoundError(name)
         return found
 
     def _is_pi(self, node: Node) -> bool:
@@ -665,20 +640,46 @@ class BootPolicy:
         return bool(node.config.serial) or (boot is not None and boot.firmware == RPI.name)
 
     async def _pi_cmdline(self, node: Node) -> bytes:
-        """cmdline.txt: the same command line as the iPXE script's, its token issued once a
-        boot (the Pi reads the file more than once: probe, read, and again from start4.elf);
-        a new DHCP DISCOVER or CMDLINE_KEEP seconds start the next."""
+        """cmdline.txt: the iPXE script's command line, then ``[rpi] cmdline``. Its token
+        is issued once a boot (the Pi reads the file more than once: probe, read, and again
+        from start4.elf); a new DHCP DISCOVER, another token issued for the node, or
+        CMDLINE_KEEP seconds start the next."""
         now = time.monotonic()
         kept = self._cmdlines.get(node.name)
         if kept is not None and now - kept[0] < CMDLINE_KEEP:
-            return kept[1]
+            _, token, text = kept
+            if self.nodes.holds_token(node.name, token):
+                return text
         settings = self.config.rpi
         extra = settings.cmdline if settings is not None else ""
-        text = " ".join(arg for arg in (self._kernel_args(node), extra) if arg) + "\n"
-        self._cmdlines[node.name] = (now, text.encode())
+        cmdline = await self._boot_cmdline(node)
+        text = (" ".join(arg for arg in (cmdline, extra) if arg) + "\n").encode()
+        self._cmdlines[node.name] = (now, Cmdline.parse(cmdline).token, text)
         self.nodes.mark(node, Phase.SCRIPT)
-        await self._token_out(node.name)
-        return text.encode()
+        return text
+
+    async def _boot_cmdline(self, node: Node) -> str:
+        """A new boot token for `node`, and the minOS command line that carries it. In a
+        cluster it is returned once the token is in etcd (TOKEN_WAIT at most): the agent
+        says hello to the node's owner, which may be another instance."""
+        token = self.nodes.issue_token(node)
+        mac = node.mac or node.config.mac or ""
+        cmdline = self._cmdline(node.name, token, mac, node.config.persist_disk or "")
+        if self._shared:
+            try:
+                await asyncio.wait_for(self.backend.written(TOKENS, node.name), TOKEN_WAIT)
+            except TimeoutError:
+                quiet.log("token not in etcd", logging.WARNING, "%s: its boot token is not in "
+                          "etcd after %g s; it goes anyway", node.name, TOKEN_WAIT)  # fmt: skip
+        return cmdline
+
+    def _cmdline(self, name: str, token: str, mac: str, persist: str = "") -> str:
+        """The minOS kernel's command line: the node file's [minos] cmdline, then layerpy's
+        arguments (one source for the iPXE script and a Pi's cmdline.txt)."""
+        heartbeat = self.config.server.heartbeat
+        layerpy = Cmdline(self.base_url, name, token, mac, heartbeat, persist=persist,
+                          servers=self.servers_of(name))  # fmt: skip
+        return " ".join(arg for arg in (self.config.minos.cmdline, layerpy.format()) if arg)
 
     def _script(self, name: str, cmdline: str) -> str:
         return (

@@ -301,7 +301,7 @@ class Server:
                 budget=TftpBudget(
                     plan.tftp, plan.tftp_per_address, plan.tftp_known, self.policy.known
                 ),
-                files=self.policy.rpi_file,
+                lookup=self.policy.loader_file,
             )
         )
         self.catalog.sync(self.config)  # images pull in the background

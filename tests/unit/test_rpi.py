@@ -90,7 +90,7 @@ def answer(service: DhcpService, packet: dhcp.DhcpPacket) -> dhcp.DhcpPacket | N
 
 
 def fetch(service: DhcpService, remote: str, path: str):
-    return asyncio.run(service.booter.rpi_file(remote, path))
+    return asyncio.run(service.booter.loader_file(path, remote))
 
 
 # -- option 97 and option 43 ----------------------------------------------------------------

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from layerpy.boot import Booter
+from layerpy.boot import Booter, Refused
 from layerpy.host import cannot_listen
 from layerpy.logs import Throttle
 from layerpy.model import Phase
@@ -138,30 +138,24 @@ class FileContent:
             self.fd = -1
 
 
-class MemoryContent:
-    """Bytes written for one request (a Raspberry Pi's config.txt, cmdline.txt)."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def __getitem__(self, span: slice) -> bytes:
-        return self.data[span]
+class Rendered(bytes):
+    """A file made for one request (a Raspberry Pi's cmdline.txt): its bytes, nothing to
+    close."""
 
     def close(self) -> None:
         pass
 
 
-# What the boot policy makes of a request before the root directory is looked at: the
-# bytes or the file to send, None (not its business), or FileNotFoundError (refused).
-Files = Callable[[str, str], Awaitable[bytes | Path | None]]
+# A file the booter serves by name beside the root's (a Raspberry Pi's): a file's path, or
+# bytes made for the asking address; None: not one of its names. Raises Refused, or
+# FileNotFoundError for a name of its own that it has no file for.
+Lookup = Callable[[str, str], Awaitable[bytes | Path | None]]
 
 
 def _open(root: Path, request: proto.Request, path: Path | None = None) -> FileContent:
     """Runs in a worker thread: the policy checks stat the disk. `path`: the file the
-    boot policy chose, else the one `request` names under `root`."""
+    booter named, else the one under `root` that the request names."""
+    proto.check_request(request)
     try:
         content = FileContent(path or proto.safe_path(root, request.filename))
     except OSError as exc:
@@ -185,7 +179,7 @@ class _Session:
     """
 
     def __init__(
-        self, server: TftpServer, transfer: proto.Transfer, content: FileContent | MemoryContent,
+        self, server: TftpServer, transfer: proto.Transfer, content: FileContent | Rendered,
         sock: socket.socket, client: tuple, name: str, t0: float,
     ) -> None:  # fmt: skip
         self.server, self.transfer, self.content, self.sock = server, transfer, content, sock
@@ -268,12 +262,12 @@ class TftpServer:
         interface: str | None,
         on_event: Callable[[TftpEvent], None] | None,
         budget: TftpBudget,
-        files: Files | None = None,
+        lookup: Lookup | None = None,
         **options: float,
     ) -> None:
         self.root, self.address, self.interface, self.on_event = root, address, interface, on_event
+        self.lookup = lookup
         self.budget = budget
-        self.files = files
         self.options = options  # for Transfer: timeout, retries
         self.stats = TftpStats()
         self._listen: Datagrams | None = None
@@ -325,7 +319,7 @@ class TftpServer:
     async def _serve(self, request: proto.Request, client: tuple) -> None:
         t0 = time.monotonic()
         try:
-            content = await self._content(request, client)
+            content = await self._content(request, client[0])
         except proto.TftpError as exc:
             if self._listen:
                 self._listen.send(exc.packet(), client)
@@ -347,15 +341,20 @@ class TftpServer:
             return
         _Session(self, transfer, content, sock, client, request.filename, t0)
 
-    async def _content(self, request: proto.Request, client: tuple) -> FileContent | MemoryContent:
-        """What to send: the boot policy's answer first (files), else the root's file."""
-        proto.check_request(request)
-        try:
-            found = await self.files(client[0], request.filename) if self.files else None
-        except FileNotFoundError:
-            raise proto.TftpError(proto.ErrorCode.FILE_NOT_FOUND, "file not found") from None
+    async def _content(self, request: proto.Request, address: str) -> FileContent | Rendered:
+        """What the request names: a file of the booter's (its lookup), else one under the
+        root. Raises TftpError."""
+        found = None
+        if self.lookup is not None and request.opcode == proto.Opcode.RRQ:
+            try:
+                found = await self.lookup(request.filename, address)
+            except Refused as why:
+                raise proto.TftpError(proto.ErrorCode.ACCESS_VIOLATION, str(why)) from None
+            except FileNotFoundError:
+                raise proto.TftpError(proto.ErrorCode.FILE_NOT_FOUND, "file not found") from None
         if isinstance(found, bytes):
-            return MemoryContent(found)
+            proto.check_request(request)
+            return Rendered(found)
         return await asyncio.to_thread(_open, self.root, request, found)
 
     def _emit(self, kind: str, client: tuple, name: str, t0: float, size=0, reason="") -> None:
@@ -408,13 +407,13 @@ async def start_tftp(
     interface: str | None = None,
     on_event: Callable[[TftpEvent], None] | None = None,
     budget: TftpBudget,
-    files: Files | None = None,
+    lookup: Lookup | None = None,
     timeout: float = 1.0,
     retries: int = 5,
 ) -> TftpServer:
-    """Serve files under `root` read-only on address:port (bound to `interface` if given),
-    at most `budget`'s transfers at once; `files` answers first where it knows the request."""
-    server = TftpServer(root, address, interface, on_event, budget, files, timeout=timeout,
+    """Serve files under `root`, and those `lookup` names, read-only on address:port (bound
+    to `interface` if given), at most `budget`'s transfers at once."""
+    server = TftpServer(root, address, interface, on_event, budget, lookup, timeout=timeout,
                         retries=retries)  # fmt: skip
     try:
         sock = _socket(address, port, interface)
