@@ -173,10 +173,12 @@ class Tftp:
         return outcome
 
 
-def boot_files(client: Tftp, prefix: str) -> list[dict]:
+def boot_files(client: Tftp, prefix: str, model: str = "RPi4") -> list[dict]:
     """The files in the order a Pi 4 asks for them, its kernel and initramfs from the
-    config.txt it reads."""
+    config.txt it reads. A Pi 5 has its GPU firmware in the EEPROM: no start4.elf or
+    fixup4.dat, and its own device tree."""
     done: list[dict] = []
+    pi5 = model == "RPi5"
 
     def get(name: str, probe: bool = False, then_read: bool = False) -> dict:
         done.append(client.read(prefix + name, probe=probe))
@@ -184,17 +186,21 @@ def boot_files(client: Tftp, prefix: str) -> list[dict]:
             done.append(client.read(prefix + name))
         return done[-1]
 
-    get("start4.elf", probe=True)  # is the prefix directory there?
-    config = get("config.txt").get("text", "")
-    get("pieeprom.sig")  # self-update
-    get("recover4.elf")
-    get("start4.elf")
-    get("fixup4.dat")
-    # start4.elf runs from here on
-    config = get("config.txt").get("text", config)
-    get("dt-blob.bin")
-    get("bootcfg.txt")
-    get("bcm2711-rpi-4-b.dtb", probe=True, then_read=True)
+    if pi5:
+        config = get("config.txt").get("text", "")
+        get("pieeprom.sig")  # self-update
+    else:
+        get("start4.elf", probe=True)  # is the prefix directory there?
+        config = get("config.txt").get("text", "")
+        get("pieeprom.sig")  # self-update
+        get("recover4.elf")
+        get("start4.elf")
+        get("fixup4.dat")
+        # start4.elf runs from here on
+        config = get("config.txt").get("text", config)
+        get("dt-blob.bin")
+        get("bootcfg.txt")
+    get("bcm2712-rpi-5-b.dtb" if pi5 else "bcm2711-rpi-4-b.dtb", probe=True, then_read=True)
     get("overlays/overlay_map.dtb")
     get("config.txt")
     get("cmdline.txt", probe=True, then_read=True)
@@ -227,7 +233,7 @@ def main() -> None:
     named = ack.options.get(dhcp.OPT_TFTP_SERVER, b"").decode(errors="replace")
     server = named or str(IPv4Address(ack.options[dhcp.OPT_SERVER_ID]))
     prefix = f"{args.serial}/" if args.prefix == "serial" else ""
-    files = boot_files(Tftp(str(ack.yiaddr), server, args.save), prefix)
+    files = boot_files(Tftp(str(ack.yiaddr), server, args.save), prefix, args.model)
     json.dump({"offer": described(offer), "ack": described(ack), "tftp_server": server,
                "files": files, "seconds": time.monotonic() - started}, sys.stdout)  # fmt: skip
 

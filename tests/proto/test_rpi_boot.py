@@ -66,9 +66,9 @@ def pi_server(link, make_config, tmp_path: Path):
     return log_path
 
 
-def play(link, tmp_path: Path) -> dict:
+def play(link, tmp_path: Path, *options: str) -> dict:
     """The Pi's boot, played in the client namespace; its JSON record."""
-    command = [sys.executable, str(PLAYER), link.client_if, link.client_mac(), SERIAL]
+    command = [sys.executable, str(PLAYER), link.client_if, link.client_mac(), SERIAL, *options]
     try:
         result = link.client.run(*command, timeout=120)
     except subprocess.CalledProcessError as failed:
@@ -179,3 +179,16 @@ def test_a_pi_boots_through_layerpy(link, pi_server, tmp_path: Path) -> None:
                   "agent_hello"):  # fmt: skip
         assert timeline.get(phase) is not None, (phase, timeline)
     assert node["boot"]["firmware"] == "rpi"
+
+
+def test_a_pi_5_is_served_too(link, pi_server, tmp_path: Path) -> None:
+    """A Pi 5 says RPi5 in option 97 and asks no GPU firmware (its EEPROM has it); its
+    device tree is the admin's to add to [rpi] dir (Debian 12 has none)."""
+    (tmp_path / "rpi" / "bcm2712-rpi-5-b.dtb").write_bytes(b"\xd0\x0d\xfe\xed" * 10)
+    record = play(link, tmp_path, "--model", "RPi5")
+    assert record["ack"]["yiaddr"] == PI_IP
+    assert bytes.fromhex(record["ack"]["options"]["43"]) == pxe_boot_menu("Raspberry Pi Boot")
+    served = {f["name"] for f in record["files"] if "error" not in f}
+    assert served == {f"{SERIAL}/{name}" for name in ("config.txt", "bcm2712-rpi-5-b.dtb",
+                      "cmdline.txt", "minos.kernel", "minos.initrd")}  # fmt: skip
+    assert Cmdline.parse(read(record, f"{SERIAL}/cmdline.txt")["text"]).node == "pi01"
