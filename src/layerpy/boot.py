@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from ipaddress import IPv4Address
@@ -191,8 +192,9 @@ class BootPolicy:
         self.peers: tuple[str, ...] = ()  # the other instances' URLs on this segment
         self.owner_url: Callable[[str], str | None] = lambda node: None  # its owner's URL
         self._rechecked: dict[str, float] = {}  # node -> when its token was read again
-        # node -> (when, token, text): a Pi's cmdline.txt, read more than once in one boot
-        self._cmdlines: dict[str, tuple[float, str, bytes]] = {}
+        # node (or discover/MAC) -> (when, token, text): a Pi's cmdline.txt, read more than
+        # once in one boot; oldest first, none older than CMDLINE_KEEP kept
+        self._cmdlines: OrderedDict[str, tuple[float, str, bytes]] = OrderedDict()
         if self._shared:
             self.backend.on_change(self._leased_elsewhere)
 
@@ -565,7 +567,7 @@ class BootPolicy:
         """What a client of this firmware is told to load (Offer fields): nothing more for
         an OS or iPXE (the caller adds the script), for boot firmware the iPXE binary, for
         a Raspberry Pi's bootloader the PXE menu it looks for (its files come by TFTP); or
-        why it gets nothing. A Pi no node claims gets nothing: its files are a node's."""
+        why it gets nothing."""
         if firmware in ("os", "ipxe"):
             return {}
         kind = FIRMWARE.get(firmware)
@@ -575,8 +577,6 @@ class BootPolicy:
         if kind.menu is not None:
             if self.config.rpi is None:
                 return "a Raspberry Pi bootloader (option 97): the node file has no [rpi]"
-            if node is None:
-                return "an unknown Raspberry Pi: no node has its MAC or serial (option 97)"
             return {"pxe_menu": kind.menu, "next_server": self.config.server.address}
         binary = getattr(self.config.ipxe, kind.binary)
         if binary is None:
@@ -606,27 +606,32 @@ class BootPolicy:
 
     async def rpi_file(self, name: str, remote: str) -> bytes | Path | None:
         """A Raspberry Pi's TFTP file (docs/hardware.md): for the node at `remote` when it
-        boots as a Pi and the node file has [rpi]; None when the request is no Pi's (the
-        TFTP root then answers it, as for iPXE). FileNotFoundError: a Pi's request outside
-        its map, or under another Pi's directory."""
+        boots as a Pi, or the unknown Pi holding that discovery pool address, when the node
+        file has [rpi]; None when the request is no Pi's (the TFTP root then answers it, as
+        for iPXE). FileNotFoundError: a Pi's request outside its map, or under another
+        Pi's directory."""
         settings = self.config.rpi
         node = self.nodes.by_ip(remote) if settings is not None else None
-        if settings is None or node is None or not self._is_pi(node):
+        mac = self._discovering_pi(remote) if settings is not None and node is None else None
+        if settings is None or (node is None and mac is None):
+            return None
+        if node is not None and not self._is_pi(node):
             return None
         asked = rpi.parse_path(name)
-        mac = node.mac or node.config.mac
+        serial = node.config.serial if node is not None else None
+        if node is not None:
+            mac = node.mac or node.config.mac
         if asked is None or (
-            asked.prefix
-            and node.config.serial
-            and asked.prefix not in rpi.prefixes(node.config.serial, mac)
+            asked.prefix and serial and asked.prefix not in rpi.prefixes(serial, mac)
         ):
             raise FileNotFoundError(name)
         if asked.name == rpi.CONFIG:
-            return rpi.config_txt(node.name, settings.config).encode()
+            return rpi.config_txt(node.name if node else DISCOVERY, settings.config).encode()
         if asked.name == rpi.CMDLINE:
-            return await self._pi_cmdline(node)
+            return await self._pi_cmdline(node, mac or "")
         if asked.name in (rpi.KERNEL, rpi.INITRD):
-            self.nodes.mark(node, Phase.KERNEL if asked.name == rpi.KERNEL else Phase.INITRD)
+            if node is not None:
+                self.nodes.mark(node, Phase.KERNEL if asked.name == rpi.KERNEL else Phase.INITRD)
             return settings.kernel if asked.name == rpi.KERNEL else settings.initrd
         found = settings.directory.joinpath(*asked.name.split("/"))
         if not found.is_file():
@@ -639,23 +644,43 @@ class BootPolicy:
         boot = node.boot
         return bool(node.config.serial) or (boot is not None and boot.firmware == RPI.name)
 
-    async def _pi_cmdline(self, node: Node) -> bytes:
-        """cmdline.txt: the iPXE script's command line, then ``[rpi] cmdline``. Its token
-        is issued once a boot (the Pi reads the file more than once: probe, read, and again
-        from start4.elf); a new DHCP DISCOVER, another token issued for the node, or
-        CMDLINE_KEEP seconds start the next."""
+    def _discovering_pi(self, remote: str) -> str | None:
+        """The MAC of the unknown Pi holding the discovery pool address `remote`, if one
+        does: it boots the minOS to be located, as an unknown PC does through iPXE."""
+        table = self._leases
+        mac = table.holder(remote) if table is not None else None
+        machine = self.nodes.unknown.get(mac) if mac is not None else None
+        return mac if machine is not None and machine.firmware == RPI.name else None
+
+    async def _pi_cmdline(self, node: Node | None, mac: str) -> bytes:
+        """cmdline.txt: the iPXE script's command line (a node's, or a discovery boot's),
+        then ``[rpi] cmdline``. Its token is issued once a boot (the Pi reads the file more
+        than once: probe, read, and again from start4.elf); a new DHCP DISCOVER, another
+        token issued, or CMDLINE_KEEP seconds start the next."""
         now = time.monotonic()
-        kept = self._cmdlines.get(node.name)
+        key = node.name if node is not None else f"{DISCOVERY}/{mac}"
+        kept = self._cmdlines.get(key)
         if kept is not None and now - kept[0] < CMDLINE_KEEP:
             _, token, text = kept
-            if self.nodes.holds_token(node.name, token):
+            if node is not None and self.nodes.holds_token(node.name, token):
                 return text
+            if node is None and self.nodes.unknown.check_token(mac, token) is not None:
+                return text
+        if node is not None:
+            cmdline = await self._boot_cmdline(node)
+            self.nodes.mark(node, Phase.SCRIPT)
+        else:
+            token = self.nodes.discovery_token(mac)
+            if token is None:
+                raise FileNotFoundError(rpi.CMDLINE)
+            cmdline = self._cmdline(DISCOVERY, token, mac)
         settings = self.config.rpi
         extra = settings.cmdline if settings is not None else ""
-        cmdline = await self._boot_cmdline(node)
         text = (" ".join(arg for arg in (cmdline, extra) if arg) + "\n").encode()
-        self._cmdlines[node.name] = (now, Cmdline.parse(cmdline).token, text)
-        self.nodes.mark(node, Phase.SCRIPT)
+        self._cmdlines[key] = (now, Cmdline.parse(cmdline).token, text)
+        self._cmdlines.move_to_end(key)
+        while now - next(iter(self._cmdlines.values()))[0] >= CMDLINE_KEEP:
+            self._cmdlines.popitem(last=False)
         return text
 
     async def _boot_cmdline(self, node: Node) -> str:

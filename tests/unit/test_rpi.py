@@ -341,3 +341,28 @@ def test_proxy_mode_gives_a_pi_the_boot_options_and_no_address(make_config, pi_c
     assert offer.options[dhcp.OPT_VENDOR_SPECIFIC] == DOCUMENTED_43
     assert offer.options[dhcp.OPT_VENDOR_CLASS] == b"PXEClient" and offer.siaddr == SERVER
     assert b"layerpy.node=pi01" in fetch(service, PI_IP, f"{SERIAL}/cmdline.txt")
+
+
+def test_an_unknown_pi_boots_the_discovery_minos_from_the_pool(pi_config) -> None:
+    """With network.discover, an unknown Pi gets a pool address and the Pi options, then
+    the minOS with a discovery token, only at that address (as an unknown PC through iPXE)."""
+    text = pi_config.path.read_text().replace('pool = "', 'discover = true\npool = "', 1)
+    pi_config.path.write_text(text)
+    service = DhcpService(local_policy(load(pi_config.path)), SERVER, Stats(), log_requests=False)
+    offer = answer(service, pi_discover(mac=STRANGER, serial="01020304"))
+    assert offer is not None and offer.options[dhcp.OPT_VENDOR_SPECIFIC] == DOCUMENTED_43
+    pooled = str(offer.yiaddr)
+    assert pooled.startswith("10.99.0.2")
+    policy = service.booter
+    assert policy.nodes.unknown.get(STRANGER).firmware == "rpi"
+    text = fetch(service, pooled, "01020304/cmdline.txt").decode()
+    words = Cmdline.parse(text)
+    assert words.node == "discover" and words.bootif == STRANGER
+    assert policy.nodes.unknown.check_token(STRANGER, words.token) is not None
+    assert fetch(service, pooled, "cmdline.txt").decode() == text  # one token a boot
+    assert b"kernel=minos.kernel" in fetch(service, pooled, "config.txt")
+    assert fetch(service, "10.99.0.201", "cmdline.txt") is None  # no machine holds it
+    # an unknown PC in the pool gets no Pi files (its iPXE binary comes from the root)
+    answer(service, request(dhcp.DISCOVER, "52:54:00:00:00:02", **BIOS))
+    pc = str(policy.discovery_address("52:54:00:00:00:02"))
+    assert fetch(service, pc, "cmdline.txt") is None
