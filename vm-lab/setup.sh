@@ -25,3 +25,6 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
 fi
 
 minos/build.sh
+
+# The Raspberry Pi firmware layerpy serves by TFTP ([rpi] dir): its failure stops only Pi boots.
+vm-lab/rpi-firmware.sh || echo "setup: no Raspberry Pi firmware in /var/cache/layerpy/rpi (above: why)"

@@ -33,6 +33,7 @@ from layerpy.config.records import (
     NodeConfig,
     Problem,
     ReloadRefused,
+    RpiConfig,
     ServerConfig,
     SwitchConfig,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "NodeConfig",
     "Problem",
     "ReloadRefused",
+    "RpiConfig",
     "ServerConfig",
     "SwitchConfig",
     "load",
@@ -61,7 +63,7 @@ __all__ = [
 
 SECTIONS = (
     "server", "network", "minos", "ipxe", "api", "images", "switches", "groups", "nodes", "files",
-    "cluster",
+    "cluster", "rpi",
 )  # fmt: skip
 
 
@@ -127,6 +129,7 @@ def _read(r: Reader, data: dict[str, Any]) -> Config | None:
     server = boot.server(r, data, network)
     minos = boot.minos(r, data)
     ipxe = boot.ipxe(r, data, server)
+    rpi = boot.rpi(r, data)
     api = boot.api(r, data)
     known_images = images.read(r, data)
     switches = nodes.switches(r, data)
@@ -137,6 +140,6 @@ def _read(r: Reader, data: dict[str, Any]) -> Config | None:
     if server is None or network is None or minos is None or r.problems:
         return None
     config = Config(r.file, server, network, minos, ipxe, api, known_images, switches, all_nodes,
-                    node_files, shared)  # fmt: skip
+                    node_files, shared, rpi)  # fmt: skip
     files.check_renders(r, config)
     return None if r.problems else config

@@ -19,9 +19,12 @@ from layerpy.config.records import (
     IpxeConfig,
     MinosConfig,
     NetworkConfig,
+    RpiConfig,
     ServerConfig,
 )
 from layerpy.proto.agent import HEARTBEAT
+
+RPI_DIR = "/var/cache/layerpy/rpi"  # where vm-lab/rpi-firmware.sh puts the Pi firmware
 
 
 def server(r: Reader, data: dict[str, Any], network: NetworkConfig | None) -> ServerConfig | None:
@@ -138,6 +141,42 @@ def minos(r: Reader, data: dict[str, Any]) -> MinosConfig | None:
         )
         return None
     return MinosConfig(*bundled, cmdline)
+
+
+def rpi(r: Reader, data: dict[str, Any]) -> RpiConfig | None:
+    """Raspberry Pi network boot, when the file has [rpi]: the firmware directory (filled by
+    vm-lab/rpi-firmware.sh, or by hand) and the arm64 minOS's kernel and initramfs."""
+    if "rpi" not in data:
+        return None
+
+    def present(value: str) -> Path:
+        path = r.path(value)
+        if why := missing(path):
+            raise ValueError(f"{path} {why} (build the arm64 minOS: minos/build.sh --arch arm64)")
+        return path
+
+    def firmware(value: str) -> Path:
+        path = r.path(value)
+        if not (path / "start4.elf").is_file():
+            raise ValueError(f"{path} has no start4.elf (run vm-lab/rpi-firmware.sh, or fill it "
+                             "as docs/hardware.md says)")  # fmt: skip
+        return path
+
+    table = r.table(data, "rpi", {"dir", "kernel", "initrd", "cmdline", "config"})
+    get = r.getter(table, "rpi")
+    directory = get("dir", str, firmware)
+    if "dir" not in table:  # a default is not converted: check it as if it were written
+        try:
+            directory = firmware(RPI_DIR)
+        except ValueError as error:
+            r.problem("rpi.dir", f"(default) {error}")
+    kernel = get("kernel", str, present, required=True)
+    initrd = get("initrd", str, present, required=True)
+    cmdline = get("cmdline", str, values.command_line, default="")
+    config = get("config", str, default="")
+    if directory is None or kernel is None or initrd is None:
+        return None
+    return RpiConfig(directory, kernel, initrd, cmdline or "", config or "")
 
 
 def ipxe(r: Reader, data: dict[str, Any], server: ServerConfig | None) -> IpxeConfig:

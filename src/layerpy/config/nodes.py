@@ -22,7 +22,7 @@ from layerpy.config.records import (
 )
 from layerpy.power.base import DRIVERS, PowerSpec
 
-NODE_KEYS = {"ip", "mac", "power", "bmc", "image", "location", "vars", "persist_disk"}
+NODE_KEYS = {"ip", "mac", "power", "bmc", "image", "location", "vars", "persist_disk", "serial"}
 GROUP_KEYS = NODE_KEYS | {"nodes"}
 SWITCH_KEYS = {"chassis_id", "relay", "remote_id", "relay_sources"}
 BMC_KEYS = {
@@ -131,10 +131,12 @@ def _group(r: Reader, name: str, table: Any, ip_required: bool) -> Iterator[Node
     locations = get("location", str, values.locations)
     variables = get("vars", dict, default={})  # one dict for the group's nodes
     disk = get("persist_disk", str, values.disk)
+    serials = get("serial", list, values.serial_list)
     if names is None or (ips is None and ip_required):
         return
     bmcs = _bmcs(r, table.get("bmc"), f"{prefix}.bmc", names)
-    for key, entries in (("ip", ips), ("mac", macs), ("location", locations)):
+    checked = (("ip", ips), ("mac", macs), ("location", locations), ("serial", serials))
+    for key, entries in checked:
         if entries is not None and not _one_each(r, f"{prefix}.{key}", entries, names):
             return
     for index, node_name in enumerate(names):
@@ -145,8 +147,9 @@ def _group(r: Reader, name: str, table: Any, ip_required: bool) -> Iterator[Node
         bmc = bmcs[index] if bmcs else None
         location = locations[index] if locations else None
         ip = ips[index] if ips else None
+        serial = serials[index] if serials else None
         yield NodeConfig(
-            node_name, ip, mac, name, power or "on", bmc, image, location, variables, disk
+            node_name, ip, mac, name, power or "on", bmc, image, location, variables, disk, serial
         )
 
 
@@ -174,11 +177,12 @@ def _override(
     bmc = bmcs[0] if bmcs else None
     own = get("vars", dict)
     disk = get("persist_disk", str, values.disk)
+    serial = get("serial", str, values.serial)
     if base is None:
         if ip is None and ip_required:
             return None
         return NodeConfig(name, ip, mac, None, power or "on", bmc, image, location, own or {},
-                          disk)  # fmt: skip
+                          disk, serial)  # fmt: skip
     return replace(
         base,
         ip=ip or base.ip,
@@ -189,6 +193,7 @@ def _override(
         location=location or base.location,
         vars={**base.vars, **own} if own else base.vars,
         persist_disk=disk or base.persist_disk,
+        serial=serial or base.serial,
     )
 
 
@@ -278,6 +283,7 @@ def _check_unique(
 ) -> None:
     seen_ip: dict[int, str] = {}  # by int: an IPv4Address hashes slowly, and there may be 100 000
     seen_mac: dict[str, str] = {}
+    seen_serial: dict[str, str] = {}
     subnet = network.subnet if network is not None else None
     first, last = (int(subnet.network_address), int(subnet.broadcast_address)) if subnet else (0, 0)
     pool = (int(network.pool[0]), int(network.pool[1])) if network and network.pool else None
@@ -288,6 +294,11 @@ def _check_unique(
             r.problem(key, f"{node.name} has MAC {node.mac}, already used by {seen_mac[node.mac]}")
         if node.mac:
             seen_mac.setdefault(node.mac, node.name)
+        if node.serial and node.serial in seen_serial:
+            r.problem(key, f"{node.name} has serial {node.serial}, already used by "
+                      f"{seen_serial[node.serial]}")  # fmt: skip
+        if node.serial:
+            seen_serial.setdefault(node.serial, node.name)
         if node.ip is None:
             continue
         ip = int(node.ip)

@@ -131,6 +131,19 @@ class IpxeConfig:
 
 
 @dataclass(frozen=True)
+class RpiConfig:
+    """Raspberry Pi network boot ([rpi]): the firmware directory TFTP serves to Pis, the
+    kernel and initramfs they boot (the arm64 minOS), and what config.txt and cmdline.txt
+    carry besides what layerpy writes."""
+
+    directory: Path
+    kernel: Path
+    initrd: Path
+    cmdline: str = ""
+    config: str = ""
+
+
+@dataclass(frozen=True)
 class ImageConfig:
     """A system image: where to find it and how to run it."""
 
@@ -175,6 +188,7 @@ class NodeConfig:
     # between a group's nodes until a node sets its own)
     vars: dict[str, Any] = field(default_factory=dict, hash=False)
     persist_disk: str | None = None  # the node's disk for persistent paths, else its RAM
+    serial: str | None = None  # a Raspberry Pi's serial number (8 hex digits)
 
 
 @dataclass(frozen=True)
@@ -233,6 +247,12 @@ class Config:
     nodes: dict[str, NodeConfig] = field(default_factory=dict)
     files: dict[str, FileConfig] = field(default_factory=dict)
     cluster: ClusterConfig | None = None  # None: one instance on its own, no etcd
+    rpi: RpiConfig | None = None  # None: Raspberry Pis are not booted
+
+    @cached_property
+    def serials(self) -> dict[str, str]:
+        """Raspberry Pi serial number -> node name (worked out once per file)."""
+        return {node.serial: name for name, node in self.nodes.items() if node.serial}
 
     @cached_property
     def relays(self) -> dict[IPv4Address, frozenset[IPv4Address]]:
