@@ -18,9 +18,11 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from ipaddress import IPv4Address
+from pathlib import Path
 from typing import Any, Protocol
 
 from layerpy.config import Config
+from layerpy.config.records import EFI_ARCHES
 from layerpy.logs import Throttle
 from layerpy.model import Node, Phase
 from layerpy.nodes import DISCOVERY, Ack, NodeStore, ReportRejected
@@ -38,24 +40,31 @@ TOKEN_WAIT = 2.0  # seconds a boot script waits for its token to reach etcd (a c
 
 @dataclass(frozen=True)
 class Firmware:
-    """A kind of boot firmware: which iPXE binary of ``[ipxe]`` it is sent, and how."""
+    """A kind of boot firmware: which iPXE binary of ``[ipxe]`` it is sent, and how; and
+    which of Debian's signed loaders (shim, then GRUB) it can run instead."""
 
     name: str  # in logs and boot timelines
     binary: str  # the [ipxe] key naming the binary
     http: bool = False  # UEFI HTTP boot: the binary by http:// URL (no TFTP)
+    efi_arch: str | None = None  # shim's name for its architecture (config.EFI_ARCHES)
 
 
 # IANA "Processor Architecture Types" (DHCP option 93, RFC 4578 and later); anything else
 # is refused and logged, not guessed at.
 ARCHITECTURES = {
     0: Firmware("bios", "bios"),
-    7: Firmware("uefi", "uefi"),
-    9: Firmware("uefi", "uefi"),
-    11: Firmware("uefi-arm64", "arm64"),
-    16: Firmware("uefi-http", "uefi", http=True),
-    19: Firmware("uefi-arm64-http", "arm64", http=True),
+    7: Firmware("uefi", "uefi", efi_arch="x64"),
+    9: Firmware("uefi", "uefi", efi_arch="x64"),
+    11: Firmware("uefi-arm64", "arm64", efi_arch="aa64"),
+    16: Firmware("uefi-http", "uefi", http=True, efi_arch="x64"),
+    19: Firmware("uefi-arm64-http", "arm64", http=True, efi_arch="aa64"),
 }
 FIRMWARE = {firmware.name: firmware for firmware in ARCHITECTURES.values()}
+# Debian 12's signed netboot GRUB (grubnet<arch>.efi): built with the prefix "/grub" on the
+# TFTP server it came from and a memdisk grub.cfg that sources $prefix/<platform>/grub.cfg
+# if it exists, else $prefix/grub.cfg; it has TFTP but no HTTP (docs/hardware.md).
+GRUB_CONFIG = "grub/grub.cfg"
+MINOS_FILES = {"minos/kernel": Phase.KERNEL, "minos/initrd": Phase.INITRD}  # GRUB loads by TFTP
 KEPT = (BOUND, DECLINED, FREE)  # lease states kept: an offer is no promise
 DISCOVERY_LEASE = 300  # seconds: a discovery address is only held until the node is known
 PER_PORT = 4  # discovery addresses the machines behind one relay port may hold at once
@@ -98,6 +107,21 @@ class Refused(Exception):
     """A boot script asked for from an address it is not for; the message says whose it is."""
 
 
+class SignedOnly(Exception):
+    """An iPXE script asked for a node that boots only by the signed path (secure_boot)."""
+
+
+def phase_of(name: str) -> Phase:
+    """The boot phase a file fetched by TFTP is: the minOS's kernel or initrd, else TFTP."""
+    return MINOS_FILES.get(name.lstrip("/"), Phase.TFTP)
+
+
+def grub_words(cmdline: str) -> str:
+    """A kernel command line as GRUB script words, each single-quoted (GRUB joins a linux
+    command's words with spaces, and would expand $ or split at ; in them otherwise)."""
+    return " ".join("'" + word.replace("'", "'\\''") + "'" for word in cmdline.split())
+
+
 class Booter(Protocol):
     """The boot services' one door to the nodes: what a machine is to boot, and what it
     fetched (and the agent's report, which ends a boot). Nothing else of the node store."""
@@ -121,6 +145,7 @@ class Booter(Protocol):
     def apply(self, verdict: Verdict, effects: Iterable[Effect]) -> None: ...
     def keeping(self) -> Awaitable[bool] | None: ...
     async def script(self, name: str, remote: str) -> str | None: ...
+    async def loader_file(self, name: str, remote: str) -> bytes | Path | None: ...
     def discovery_script(self, mac: str, remote: str) -> str | None: ...
     def fetched(self, remote: str, phase: Phase) -> None: ...
     def known(self, address: str) -> bool: ...
@@ -336,10 +361,9 @@ class BootPolicy:
         location = self._relay_location(request)
         located = self.nodes.who_is(mac, location) if location is not None else None
         node = located or self.nodes.by_mac(mac)
-        loads = self._loads(firmware)
-        if loads is None:  # boot firmware we have no binary for: refused, not guessed at
-            why = f"firmware {firmware} (option 93): no iPXE binary for it in [ipxe]"
-            return Verdict(mac, firmware, vendor, node, location, False, None, why, True)
+        loads = self._loads(firmware, node is not None and node.config.secure_boot)
+        if isinstance(loads, str):  # boot firmware we have nothing for: refused, not guessed at
+            return Verdict(mac, firmware, vendor, node, location, False, None, loads, True)
         if node is not None:
             grant: Grant | None = Grant(self._offer_for(node, firmware, loads))
             why = node.name
@@ -508,7 +532,9 @@ class BootPolicy:
         if remote != str(address):
             raise Refused(str(address))
         token = self.nodes.discovery_token(mac)
-        return None if token is None else self._script(DISCOVERY, token, mac)
+        return (
+            None if token is None else self._script(DISCOVERY, self._cmdline(DISCOVERY, token, mac))
+        )
 
     def _offer_for(self, node: Node, firmware: str, loads: dict[str, Any]) -> Offer:
         """Authoritative: the node's address and what to boot. Proxy: what to boot, and
@@ -530,55 +556,122 @@ class BootPolicy:
             **loads,
         )
 
-    def _loads(self, firmware: str) -> dict[str, Any] | None:
+    def _loads(self, firmware: str, secure: bool) -> dict[str, Any] | str:
         """What a client of this firmware is told to load (Offer fields): nothing more for
-        an OS or iPXE (the caller adds the script), the iPXE binary for boot firmware, or
-        None when the node file has no binary for it."""
-        if firmware in ("os", "ipxe"):
+        an OS or iPXE (the caller adds the script), for boot firmware the iPXE binary or
+        Debian's signed shim (which loads the signed GRUB); or why it gets nothing.
+
+        The signed path is the only one for a node with ``secure_boot``, and the one for
+        firmware that [ipxe] has no binary for (arm64) where the signed loaders are there."""
+        if firmware == "os" or (firmware == "ipxe" and not secure):
             return {}
+        if firmware == "ipxe":
+            return "iPXE asks, but the node has secure_boot = true: it gets the signed path only"
         kind = FIRMWARE.get(firmware)
-        binary = getattr(self.config.ipxe, kind.binary) if kind is not None else None
-        if kind is None or binary is None:
-            return None
+        no_binary = f"firmware {firmware} (option 93): no iPXE binary for it in [ipxe]"
+        if kind is None:
+            return no_binary
+        binary = getattr(self.config.ipxe, kind.binary)
+        if secure:
+            return self._signed_loads(kind)
+        if binary is None:
+            signed = self._signed_loads(kind)
+            return no_binary if isinstance(signed, str) else signed
         if kind.http:
             return {"bootfile": f"{self.base_url}/ipxe/{binary}"}
         return {"bootfile": binary, "next_server": self.config.server.address}
+
+    def _signed_loads(self, kind: Firmware) -> dict[str, Any] | str:
+        """Debian's signed shim by TFTP (shim then fetches GRUB beside it, GRUB its config
+        and the minOS, all by TFTP from the same server), or why not."""
+        signed = self.config.signed
+        if kind.efi_arch is None:
+            return f"firmware {kind.name}: no signed loader runs on it (secure_boot needs UEFI)"
+        if not signed.has(kind.efi_arch):
+            missing = f"{signed.shim(kind.efi_arch)} and {signed.grub(kind.efi_arch)}"
+            return f"firmware {kind.name}: no {missing} in {signed.directory} (signed.dir)"
+        if kind.http:  # Debian 12's signed GRUB has no HTTP: it could not load its config
+            return (f"firmware {kind.name}: UEFI HTTP boot, but the signed GRUB loads by TFTP "
+                    "only; let the machine boot by PXE")  # fmt: skip
+        return {"bootfile": signed.shim(kind.efi_arch), "next_server": self.config.server.address}
 
     def script_url(self, node: Node) -> str:
         return f"{self.base_url}/boot/{node.name}.ipxe"
 
     async def script(self, name: str, remote: str) -> str | None:
         """The iPXE script that loads the minOS with a fresh boot token, for node `name`
-        asking from `remote` (None: no such node; Refused: `remote` is not its address).
-        In a cluster it goes out once the token is in etcd (TOKEN_WAIT at most): the agent
-        says hello to the node's owner, which may be another instance."""
+        asking from `remote` (None: no such node; Refused: `remote` is not its address;
+        SignedOnly: the node boots by the signed path only)."""
         node = self.nodes.nodes.get(name)
         if node is None:
             return None
         address = self.address_of(node)
         if address is None or remote != str(address):
             raise Refused(str(address or "the address it shows the ProxyDHCP server (none yet)"))
+        if node.config.secure_boot:
+            raise SignedOnly(name)
+        return self._script(node.name, await self._boot_cmdline(node))
+
+    async def grub_config(self, remote: str) -> str | None:
+        """The GRUB config that loads the minOS with a fresh boot token, for the node at
+        `remote`: GRUB asks for the same file name from every machine, so the asking address
+        is what names the node, and a machine gets only its own (None: no node there)."""
+        node = self.nodes.by_ip(remote)
+        if node is None:
+            return None
+        cmdline, server = await self._boot_cmdline(node), self.config.server.address
+        return (
+            f"echo 'layerpy: booting {node.name} into the minOS'\n"
+            f"linux (tftp,{server})/minos/kernel {grub_words(cmdline)}\n"
+            f"initrd (tftp,{server})/minos/initrd\n"
+            "boot\n"
+        )
+
+    async def loader_file(self, name: str, remote: str) -> bytes | Path | None:
+        """A file the signed path fetches by TFTP from `remote`: a signed loader, the node's
+        GRUB config (Refused: no node at that address) or the minOS's kernel or initrd;
+        None: not one of those (an iPXE binary, or nothing)."""
+        name = name.lstrip("/")
+        signed, minos = self.config.signed, self.config.minos
+        if name in {f(arch) for arch in EFI_ARCHES for f in (signed.shim, signed.grub)}:
+            return signed.directory / name
+        if name == GRUB_CONFIG:
+            config = await self.grub_config(remote)
+            if config is None:
+                raise Refused(f"{GRUB_CONFIG} goes only to a node, at its own address")
+            return config.encode()
+        if name in MINOS_FILES:
+            return minos.kernel if MINOS_FILES[name] is Phase.KERNEL else minos.initrd
+        return None
+
+    async def _boot_cmdline(self, node: Node) -> str:
+        """A new boot token for `node`, and the minOS command line that carries it. In a
+        cluster it is returned once the token is in etcd (TOKEN_WAIT at most): the agent
+        says hello to the node's owner, which may be another instance."""
         token = self.nodes.issue_token(node)
         mac = node.mac or node.config.mac or ""
-        script = self._script(node.name, token, mac, node.config.persist_disk or "")
+        cmdline = self._cmdline(node.name, token, mac, node.config.persist_disk or "")
         if self._shared:
             try:
-                await asyncio.wait_for(self.backend.written(TOKENS, name), TOKEN_WAIT)
+                await asyncio.wait_for(self.backend.written(TOKENS, node.name), TOKEN_WAIT)
             except TimeoutError:
                 quiet.log("token not in etcd", logging.WARNING, "%s: its boot token is not in "
-                          "etcd after %g s; the script goes anyway", name, TOKEN_WAIT)  # fmt: skip
-        return script
+                          "etcd after %g s; it goes anyway", node.name, TOKEN_WAIT)  # fmt: skip
+        return cmdline
 
-    def _script(self, name: str, token: str, mac: str, persist: str = "") -> str:
+    def _cmdline(self, name: str, token: str, mac: str, persist: str = "") -> str:
+        """The minOS kernel's command line: the node file's [minos] cmdline, then layerpy's
+        arguments (one source for the iPXE script and the GRUB config)."""
         heartbeat = self.config.server.heartbeat
         layerpy = Cmdline(self.base_url, name, token, mac, heartbeat, persist=persist,
                           servers=self.servers_of(name))  # fmt: skip
-        cmdline = " ".join(arg for arg in ("initrd=minos", self.config.minos.cmdline) if arg)
-        cmdline += " " + layerpy.format()
+        return " ".join(arg for arg in (self.config.minos.cmdline, layerpy.format()) if arg)
+
+    def _script(self, name: str, cmdline: str) -> str:
         return (
             "#!ipxe\n"
             f"echo layerpy: booting {name} into the minOS\n"
-            f"kernel {self.base_url}/minos/kernel {cmdline}\n"
+            f"kernel {self.base_url}/minos/kernel initrd=minos {cmdline}\n"
             f"initrd --name minos {self.base_url}/minos/initrd\n"
             "boot\n"
         )

@@ -95,7 +95,7 @@ BROKEN = {
     "unknown section": (
         ("[ipxe]", "[ipx]"),
         [
-            "nodes.toml:18: ipx: unknown section (known: server, network, minos, ipxe, api, images, switches, groups, nodes, files, cluster)"
+            "nodes.toml:18: ipx: unknown section (known: server, network, minos, ipxe, signed, api, images, switches, groups, nodes, files, cluster)"
         ],
     ),
     "wrong type": (

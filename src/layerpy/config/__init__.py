@@ -34,6 +34,7 @@ from layerpy.config.records import (
     Problem,
     ReloadRefused,
     ServerConfig,
+    SignedConfig,
     SwitchConfig,
 )
 
@@ -53,6 +54,7 @@ __all__ = [
     "Problem",
     "ReloadRefused",
     "ServerConfig",
+    "SignedConfig",
     "SwitchConfig",
     "load",
     "parse",
@@ -60,8 +62,8 @@ __all__ = [
 ]
 
 SECTIONS = (
-    "server", "network", "minos", "ipxe", "api", "images", "switches", "groups", "nodes", "files",
-    "cluster",
+    "server", "network", "minos", "ipxe", "signed", "api", "images", "switches", "groups",
+    "nodes", "files", "cluster",
 )  # fmt: skip
 
 
@@ -132,11 +134,12 @@ def _read(r: Reader, data: dict[str, Any]) -> Config | None:
     switches = nodes.switches(r, data)
     all_nodes = nodes.read(r, data, network, server)
     nodes.check_references(r, all_nodes, known_images, switches)
+    signed = boot.signed(r, data, server, all_nodes)
     node_files = files.read(r, data, known_images, all_nodes)
     shared = cluster.read(r, data, network)
     if server is None or network is None or minos is None or r.problems:
         return None
     config = Config(r.file, server, network, minos, ipxe, api, known_images, switches, all_nodes,
-                    node_files, shared)  # fmt: skip
+                    node_files, shared, signed)  # fmt: skip
     files.check_renders(r, config)
     return None if r.problems else config

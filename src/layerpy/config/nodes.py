@@ -22,7 +22,9 @@ from layerpy.config.records import (
 )
 from layerpy.power.base import DRIVERS, PowerSpec
 
-NODE_KEYS = {"ip", "mac", "power", "bmc", "image", "location", "vars", "persist_disk"}
+NODE_KEYS = {
+    "ip", "mac", "power", "bmc", "image", "location", "vars", "persist_disk", "secure_boot",
+}  # fmt: skip
 GROUP_KEYS = NODE_KEYS | {"nodes"}
 SWITCH_KEYS = {"chassis_id", "relay", "remote_id", "relay_sources"}
 BMC_KEYS = {
@@ -125,6 +127,7 @@ def _group(r: Reader, name: str, table: Any, ip_required: bool) -> Iterator[Node
     locations = get("location", str, values.locations)
     variables = get("vars", dict, default={})  # one dict for the group's nodes
     disk = get("persist_disk", str, values.disk)
+    secure = get("secure_boot", bool, default=False)
     if names is None or (ips is None and ip_required):
         return
     bmcs = _bmcs(r, table.get("bmc"), f"{prefix}.bmc", names)
@@ -140,7 +143,17 @@ def _group(r: Reader, name: str, table: Any, ip_required: bool) -> Iterator[Node
         location = locations[index] if locations else None
         ip = ips[index] if ips else None
         yield NodeConfig(
-            node_name, ip, mac, name, power or "on", bmc, image, location, variables, disk
+            node_name,
+            ip,
+            mac,
+            name,
+            power or "on",
+            bmc,
+            image,
+            location,
+            variables,
+            disk,
+            bool(secure),
         )
 
 
@@ -168,11 +181,12 @@ def _override(
     bmc = bmcs[0] if bmcs else None
     own = get("vars", dict)
     disk = get("persist_disk", str, values.disk)
+    secure = get("secure_boot", bool)
     if base is None:
         if ip is None and ip_required:
             return None
         return NodeConfig(name, ip, mac, None, power or "on", bmc, image, location, own or {},
-                          disk)  # fmt: skip
+                          disk, bool(secure))  # fmt: skip
     return replace(
         base,
         ip=ip or base.ip,
@@ -183,6 +197,7 @@ def _override(
         location=location or base.location,
         vars={**base.vars, **own} if own else base.vars,
         persist_disk=disk or base.persist_disk,
+        secure_boot=base.secure_boot if secure is None else secure,
     )
 
 

@@ -8,6 +8,7 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Any
 
+from layerpy import bundle
 from layerpy.images.source import ImageSource
 from layerpy.power.base import PowerSpec
 from layerpy.proto.agent import HEARTBEAT
@@ -130,6 +131,32 @@ class IpxeConfig:
     arm64: str | None = None  # no arm64 binary unless the file names one
 
 
+# The EFI architectures of Debian's signed loaders, by shim's own name for each: shim
+# loads "grub<arch>.efi" from the directory it was loaded from.
+EFI_ARCHES = ("x64", "aa64")
+
+
+@dataclass(frozen=True)
+class SignedConfig:
+    """Debian's signed shim and netboot GRUB (the Secure Boot path): the directory holding
+    them as ``shim<arch>.efi`` and ``grub<arch>.efi`` (vm-lab/signed-loaders.sh fills it)."""
+
+    directory: Path = field(default_factory=bundle.signed_dir)
+
+    @staticmethod
+    def shim(arch: str) -> str:
+        return f"shim{arch}.efi"
+
+    @staticmethod
+    def grub(arch: str) -> str:
+        return f"grub{arch}.efi"
+
+    def has(self, arch: str) -> bool:
+        """Whether both loaders of an EFI architecture are there (checked when asked: the
+        set-up may fetch them after the file was read)."""
+        return all((self.directory / name).is_file() for name in (self.shim(arch), self.grub(arch)))
+
+
 @dataclass(frozen=True)
 class ImageConfig:
     """A system image: where to find it and how to run it."""
@@ -175,6 +202,7 @@ class NodeConfig:
     # between a group's nodes until a node sets its own)
     vars: dict[str, Any] = field(default_factory=dict, hash=False)
     persist_disk: str | None = None  # the node's disk for persistent paths, else its RAM
+    secure_boot: bool = False  # booted only by the signed path (shim, GRUB, signed kernel)
 
 
 @dataclass(frozen=True)
@@ -233,6 +261,7 @@ class Config:
     nodes: dict[str, NodeConfig] = field(default_factory=dict)
     files: dict[str, FileConfig] = field(default_factory=dict)
     cluster: ClusterConfig | None = None  # None: one instance on its own, no etcd
+    signed: SignedConfig = field(default_factory=SignedConfig)
 
     @cached_property
     def relays(self) -> dict[IPv4Address, frozenset[IPv4Address]]:
