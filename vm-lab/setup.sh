@@ -24,7 +24,7 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
   echo "$want" > "$stamp"
 fi
 
-# Debian's signed shim and GRUB netboot image, for the Secure Boot path (docs/hardware.md)
+# Debian's signed shim and GRUB netboot image, for the Secure Boot path (docs/secure-boot.md)
 vm-lab/signed-loaders.sh
 
 minos/build.sh

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fetches Debian's signed shim and signed GRUB netboot image into one directory, under the
-# names shim and the firmware ask for, for the Secure Boot path (docs/hardware.md):
+# names shim and the firmware ask for, for the Secure Boot path (docs/secure-boot.md):
 #
 #   vm-lab/signed-loaders.sh [amd64|arm64]...      (default: amd64; as root; idempotent)
 #
