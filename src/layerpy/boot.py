@@ -361,7 +361,7 @@ class BootPolicy:
         location = self._relay_location(request)
         located = self.nodes.who_is(mac, location) if location is not None else None
         node = located or self.nodes.by_mac(mac)
-        loads = self._loads(firmware, node is not None and node.config.secure_boot)
+        loads = self._loads(firmware, node)
         if isinstance(loads, str):  # boot firmware we have nothing for: refused, not guessed at
             return Verdict(mac, firmware, vendor, node, location, False, None, loads, True)
         if node is not None:
@@ -556,13 +556,15 @@ class BootPolicy:
             **loads,
         )
 
-    def _loads(self, firmware: str, secure: bool) -> dict[str, Any] | str:
+    def _loads(self, firmware: str, node: Node | None) -> dict[str, Any] | str:
         """What a client of this firmware is told to load (Offer fields): nothing more for
         an OS or iPXE (the caller adds the script), for boot firmware the iPXE binary or
         Debian's signed shim (which loads the signed GRUB); or why it gets nothing.
 
-        The signed path is the only one for a node with ``secure_boot``, and the one for
-        firmware that [ipxe] has no binary for (arm64) where the signed loaders are there."""
+        The signed path is the only one for a node with ``secure_boot``, and the one for a
+        node whose firmware [ipxe] has no binary for (arm64) where the signed loaders are
+        there. Not for a machine no node claims: GRUB's config is a node's."""
+        secure = node is not None and node.config.secure_boot
         if firmware == "os" or (firmware == "ipxe" and not secure):
             return {}
         if firmware == "ipxe":
@@ -575,7 +577,7 @@ class BootPolicy:
         if secure:
             return self._signed_loads(kind)
         if binary is None:
-            signed = self._signed_loads(kind)
+            signed = self._signed_loads(kind) if node is not None else no_binary
             return no_binary if isinstance(signed, str) else signed
         if kind.http:
             return {"bootfile": f"{self.base_url}/ipxe/{binary}"}

@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_boot_policy import answer, make_service
+from test_boot_policy import answer, make_service, with_discovery
 
+from layerpy import boot
 from layerpy import stats as stats_module
 from layerpy.agent import firmware
 from layerpy.boot import GRUB_CONFIG, Refused, SignedOnly, grub_words, phase_of
@@ -23,10 +25,18 @@ from layerpy.nodes import reports
 from layerpy.proto import dhcp
 from layerpy.proto.agent import PROTOCOL, Cmdline, Report
 
-from dhcp_requests import ARM64, BIOS, HTTP_BOOT, IPXE, UEFI, request
+from dhcp_requests import ARM64, BIOS, HTTP_BOOT, IPXE, STRANGER, UEFI, request
 from stores import local_policy, local_store
 
 SECURE = "\n[nodes.cn001]\nsecure_boot = true\n"  # cn001 (MAC ...:11) of the test file's group
+
+
+@pytest.fixture(autouse=True)
+def fresh_log_windows() -> Iterator[None]:
+    """Refusals are logged a few a minute (boot.quiet): these tests' own must not use up
+    the window that the next test module counts on."""
+    yield
+    boot.quiet.end("unbootable firmware")
 
 
 def secure_config(make_config):
@@ -110,6 +120,9 @@ def test_firmware_without_an_ipxe_binary_gets_the_signed_path(make_config, tmp_p
         (tmp_path / "signed" / name).write_bytes(b"MZ")
     offer = answer(make_service(make_config()), request(dhcp.DISCOVER, **ARM64))
     assert offer.options[dhcp.OPT_BOOTFILE] == b"shimaa64.efi"
+    # a machine no node claims gets no GRUB: its config is a node's
+    discovery = make_service(with_discovery(make_config))
+    assert answer(discovery, request(dhcp.DISCOVER, STRANGER, **ARM64)) is None
 
 
 def test_no_ipxe_script_for_a_secure_boot_node(make_config) -> None:
