@@ -62,7 +62,7 @@ ARCHITECTURES = {
 FIRMWARE = {firmware.name: firmware for firmware in ARCHITECTURES.values()}
 # Debian 12's signed netboot GRUB (grubnet<arch>.efi): built with the prefix "/grub" on the
 # TFTP server it came from and a memdisk grub.cfg that sources $prefix/<platform>/grub.cfg
-# if it exists, else $prefix/grub.cfg; it has TFTP but no HTTP (docs/hardware.md).
+# if it exists, else $prefix/grub.cfg; it has TFTP but no HTTP (docs/secure-boot.md).
 GRUB_CONFIG = "grub/grub.cfg"
 MINOS_FILES = {"minos/kernel": Phase.KERNEL, "minos/initrd": Phase.INITRD}  # GRUB loads by TFTP
 KEPT = (BOUND, DECLINED, FREE)  # lease states kept: an offer is no promise
