@@ -62,7 +62,9 @@ while [ $# -gt 0 ]; do
 done
 case "$COMPRESS" in auto | gzip | zstd) ;; *) echo "build.sh: --compress auto|gzip|zstd" >&2; exit 2 ;; esac
 # Kernel modules: the NICs, what running system images needs (overlay, squashfs, loop),
-# and a local disk for persistent paths (the disk controllers, ext4). Their dependencies
+# the UEFI variables (efivarfs: the agent reads SecureBoot there) and a local disk for
+# persistent paths (the disk controllers, ext4). All are Debian's, signed by its kernel
+# key: under Secure Boot the kernel locks itself down and loads signed modules only. Their dependencies
 # come along; /init loads what the hardware found asks for.
 case "$FLAVOUR" in
 generic)
@@ -72,7 +74,7 @@ generic)
 cloud) META=linux-image-cloud-amd64 OUT=$HERE/out-cloud NICS="virtio_pci virtio_net" DISKS=virtio_blk ;;
 *) echo "build.sh: --flavour generic|cloud" >&2; exit 2 ;;
 esac
-MODULES=$(echo $NICS overlay squashfs loop $DISKS ext4 ${LAYERPY_MINOS_MODULES:-})
+MODULES=$(echo $NICS overlay squashfs loop efivarfs $DISKS ext4 ${LAYERPY_MINOS_MODULES:-})
 
 log() { echo "minos: $*" >&2; }
 die() { echo "minos: error: $*" >&2; exit 1; }

@@ -14,16 +14,23 @@ cmdline = "console=ttyS0"
 
 [ipxe]
 dir = "ipxe"
+
+[signed]
+dir = "signed"
 """
 
 
 def write_boot_files(directory: Path) -> None:
-    """The kernel, initrd and iPXE binaries BOOT_SECTIONS names, as stand-in bytes."""
+    """The kernel, initrd, iPXE binaries and signed loaders BOOT_SECTIONS names, as
+    stand-in bytes."""
     for name in ("vmlinuz", "initrd"):
         (directory / name).write_bytes(name.encode() * 1000)
     (directory / "ipxe").mkdir(exist_ok=True)
     for name in ("undionly.kpxe", "snponly.efi"):
         (directory / "ipxe" / name).write_bytes(b"\x90" * 3000)
+    (directory / "signed").mkdir(exist_ok=True)  # Debian's signed loaders, x86 only
+    for name in ("shimx64.efi", "grubx64.efi"):
+        (directory / "signed" / name).write_bytes(b"\x4d\x5a" * 1500)
 
 
 @dataclass(frozen=True)

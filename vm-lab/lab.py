@@ -34,7 +34,11 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
 OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
-FIRMWARES = ("bios", "uefi", "uefi-pxe", "uefi-http")
+# Secure Boot: Debian's OVMF built with it (and SMM, so the variables resist the guest) and
+# variables with Microsoft's keys enrolled and Secure Boot on, as servers ship
+OVMF_SECBOOT_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.secboot.fd")
+OVMF_MS_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.ms.fd")
+FIRMWARES = ("bios", "uefi", "uefi-pxe", "uefi-http", "uefi-sb")
 NICS = ("virtio-net-pci", "e1000e", "e1000", "rtl8139", "vmxnet3")
 PR_SET_PDEATHSIG = 1
 BRIDGE_MAC = "02:4c:50:00:00:01"  # locally administered, fixed (see Lab._network)
@@ -88,11 +92,12 @@ def qemu_command(spec: VmSpec, run_dir: Path) -> list[str]:
     """
     run_dir = run_dir.resolve()
     nic = f"{spec.nic},netdev=net0,mac={spec.mac},bootindex=1"
-    if spec.firmware in ("uefi-pxe", "uefi-http"):
+    if spec.firmware in ("uefi-pxe", "uefi-http", "uefi-sb"):
         nic += ",romfile="  # no iPXE ROM: OVMF's own VirtioNetDxe + PXE (or HTTP boot)
+    machine = "q35,smm=on" if spec.firmware == "uefi-sb" else "pc"  # secboot OVMF needs SMM
     cmd = [
         "qemu-system-x86_64",
-        *("-name", spec.name, "-machine", "pc", "-accel", "tcg", "-m", str(spec.memory_mb)),
+        *("-name", spec.name, "-machine", machine, "-accel", "tcg", "-m", str(spec.memory_mb)),
         *("-nodefaults", "-display", "none", "-vga", "none", "-monitor", "none"),
         # the serial console: logged to a file, and a socket to type into (Vm.type)
         *(
@@ -110,9 +115,12 @@ def qemu_command(spec: VmSpec, run_dir: Path) -> list[str]:
     if spec.firmware == "uefi-http":  # OVMF's boot entries: HTTPv4 only, no PXE, no IPv6
         cmd += ["-fw_cfg", "name=opt/org.tianocore/IPv4PXESupport,string=no"]
         cmd += ["-fw_cfg", "name=opt/org.tianocore/IPv6Support,string=no"]
+    if spec.firmware == "uefi-sb":  # the variable store writable from SMM only
+        cmd += ["-global", "driver=cfi.pflash01,property=secure,value=on"]
     if spec.firmware != "bios":
         vars_copy = run_dir / f"{spec.name}.vars.fd"
-        cmd += ["-drive", f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}"]
+        code = OVMF_SECBOOT_CODE if spec.firmware == "uefi-sb" else OVMF_CODE
+        cmd += ["-drive", f"if=pflash,format=raw,unit=0,readonly=on,file={code}"]
         cmd += ["-drive", f"if=pflash,format=raw,unit=1,file={vars_copy}"]
     if spec.disk is not None:
         cmd += ["-drive", f"if=virtio,format=raw,file={spec.disk}"]
@@ -322,7 +330,8 @@ class Lab:
             self.run(["sysctl", "-qw", f"net.ipv6.conf.{spec.tap}.disable_ipv6=1"])
             self.run(["ip", "link", "set", spec.tap, "master", self.bridge, "up"])
         if spec.firmware != "bios" and not (self.run_dir / f"{spec.name}.vars.fd").exists():
-            shutil.copyfile(OVMF_VARS, self.run_dir / f"{spec.name}.vars.fd")
+            variables = OVMF_MS_VARS if spec.firmware == "uefi-sb" else OVMF_VARS
+            shutil.copyfile(variables, self.run_dir / f"{spec.name}.vars.fd")
         qmp_path = self.run_dir / f"{spec.name}.qmp"
         qmp_path.unlink(missing_ok=True)
         proc = self.popen(

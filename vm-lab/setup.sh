@@ -24,6 +24,9 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
   echo "$want" > "$stamp"
 fi
 
+# Debian's signed shim and GRUB netboot image, for the Secure Boot path (docs/secure-boot.md)
+vm-lab/signed-loaders.sh
+
 minos/build.sh
 
 # The Raspberry Pi firmware layerpy serves by TFTP ([rpi] dir): its failure stops only Pi boots.

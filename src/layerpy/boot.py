@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from layerpy.config import Config
+from layerpy.config.records import EFI_ARCHES
 from layerpy.logs import Throttle
 from layerpy.model import Node, Phase
 from layerpy.nodes import DISCOVERY, Ack, NodeStore, ReportRejected
@@ -42,28 +43,35 @@ CMDLINE_KEEP = 300.0  # seconds a Pi's cmdline.txt (and its token) serves the sa
 
 @dataclass(frozen=True)
 class Firmware:
-    """A kind of boot firmware: which iPXE binary of ``[ipxe]`` it is sent, and how; or,
-    for firmware that loads no iPXE, the PXE menu item it looks for (its files by TFTP)."""
+    """A kind of boot firmware: which iPXE binary of ``[ipxe]`` it is sent, and how; which
+    of Debian's signed loaders (shim, then GRUB) it can run instead; or, for firmware that
+    loads no iPXE, the PXE menu item it looks for (its files by TFTP)."""
 
     name: str  # in logs and boot timelines
     binary: str  # the [ipxe] key naming the binary ("" with a menu)
     http: bool = False  # UEFI HTTP boot: the binary by http:// URL (no TFTP)
     menu: str | None = None  # option 43's boot menu item instead of a binary
+    efi_arch: str | None = None  # shim's name for its architecture (config.EFI_ARCHES)
 
 
 # IANA "Processor Architecture Types" (DHCP option 93, RFC 4578 and later); anything else
 # is refused and logged, not guessed at.
 ARCHITECTURES = {
     0: Firmware("bios", "bios"),
-    7: Firmware("uefi", "uefi"),
-    9: Firmware("uefi", "uefi"),
-    11: Firmware("uefi-arm64", "arm64"),
-    16: Firmware("uefi-http", "uefi", http=True),
-    19: Firmware("uefi-arm64-http", "arm64", http=True),
+    7: Firmware("uefi", "uefi", efi_arch="x64"),
+    9: Firmware("uefi", "uefi", efi_arch="x64"),
+    11: Firmware("uefi-arm64", "arm64", efi_arch="aa64"),
+    16: Firmware("uefi-http", "uefi", http=True, efi_arch="x64"),
+    19: Firmware("uefi-arm64-http", "arm64", http=True, efi_arch="aa64"),
 }
 # A Raspberry Pi 4/5 bootloader says arch 0 like a BIOS; its option 97 tells it apart.
 RPI = Firmware("rpi", "", menu=rpi.MENU)
 FIRMWARE = {firmware.name: firmware for firmware in (*ARCHITECTURES.values(), RPI)}
+# Debian 12's signed netboot GRUB (grubnet<arch>.efi): built with the prefix "/grub" on the
+# TFTP server it came from and a memdisk grub.cfg that sources $prefix/<platform>/grub.cfg
+# if it exists, else $prefix/grub.cfg; it has TFTP but no HTTP (docs/secure-boot.md).
+GRUB_CONFIG = "grub/grub.cfg"
+MINOS_FILES = {"minos/kernel": Phase.KERNEL, "minos/initrd": Phase.INITRD}  # GRUB loads by TFTP
 KEPT = (BOUND, DECLINED, FREE)  # lease states kept: an offer is no promise
 DISCOVERY_LEASE = 300  # seconds: a discovery address is only held until the node is known
 PER_PORT = 4  # discovery addresses the machines behind one relay port may hold at once
@@ -107,6 +115,21 @@ class Verdict:
 
 class Refused(Exception):
     """A boot script asked for from an address it is not for; the message says whose it is."""
+
+
+class SignedOnly(Exception):
+    """An iPXE script asked for a node that boots only by the signed path (secure_boot)."""
+
+
+def phase_of(name: str) -> Phase:
+    """The boot phase a file fetched by TFTP is: the minOS's kernel or initrd, else TFTP."""
+    return MINOS_FILES.get(name.lstrip("/"), Phase.TFTP)
+
+
+def grub_words(cmdline: str) -> str:
+    """A kernel command line as GRUB script words, each single-quoted (GRUB joins a linux
+    command's words with spaces, and would expand $ or split at ; in them otherwise)."""
+    return " ".join("'" + word.replace("'", "'\\''") + "'" for word in cmdline.split())
 
 
 class Booter(Protocol):
@@ -565,11 +588,18 @@ class BootPolicy:
 
     def _loads(self, firmware: str, node: Node | None) -> dict[str, Any] | str:
         """What a client of this firmware is told to load (Offer fields): nothing more for
-        an OS or iPXE (the caller adds the script), for boot firmware the iPXE binary, for
-        a Raspberry Pi's bootloader the PXE menu it looks for (its files come by TFTP); or
-        why it gets nothing."""
-        if firmware in ("os", "ipxe"):
+        an OS or iPXE (the caller adds the script), for boot firmware the iPXE binary or
+        Debian's signed shim (which loads the signed GRUB), for a Raspberry Pi's bootloader
+        the PXE menu it looks for (its files come by TFTP); or why it gets nothing.
+
+        The signed path is the only one for a node with ``secure_boot``, and the one for a
+        node whose firmware [ipxe] has no binary for (arm64) where the signed loaders are
+        there. Not for a machine no node claims: GRUB's config is a node's."""
+        secure = node is not None and node.config.secure_boot
+        if firmware == "os" or (firmware == "ipxe" and not secure):
             return {}
+        if firmware == "ipxe":
+            return "iPXE asks, but the node has secure_boot = true: it gets the signed path only"
         kind = FIRMWARE.get(firmware)
         no_binary = f"firmware {firmware} (option 93): no iPXE binary for it in [ipxe]"
         if kind is None:
@@ -579,30 +609,80 @@ class BootPolicy:
                 return "a Raspberry Pi bootloader (option 97): the node file has no [rpi]"
             return {"pxe_menu": kind.menu, "next_server": self.config.server.address}
         binary = getattr(self.config.ipxe, kind.binary)
+        if secure:
+            return self._signed_loads(kind)
         if binary is None:
-            return no_binary
+            signed = self._signed_loads(kind) if node is not None else no_binary
+            return no_binary if isinstance(signed, str) else signed
         if kind.http:
             return {"bootfile": f"{self.base_url}/ipxe/{binary}"}
         return {"bootfile": binary, "next_server": self.config.server.address}
+
+    def _signed_loads(self, kind: Firmware) -> dict[str, Any] | str:
+        """Debian's signed shim by TFTP (shim then fetches GRUB beside it, GRUB its config
+        and the minOS, all by TFTP from the same server), or why not."""
+        signed = self.config.signed
+        if kind.efi_arch is None:
+            return f"firmware {kind.name}: no signed loader runs on it (secure_boot needs UEFI)"
+        if not signed.has(kind.efi_arch):
+            missing = f"{signed.shim(kind.efi_arch)} and {signed.grub(kind.efi_arch)}"
+            return f"firmware {kind.name}: no {missing} in {signed.directory} (signed.dir)"
+        if kind.http:  # Debian 12's signed GRUB has no HTTP: it could not load its config
+            return (f"firmware {kind.name}: UEFI HTTP boot, but the signed GRUB loads by TFTP "
+                    "only; let the machine boot by PXE")  # fmt: skip
+        return {"bootfile": signed.shim(kind.efi_arch), "next_server": self.config.server.address}
 
     def script_url(self, node: Node) -> str:
         return f"{self.base_url}/boot/{node.name}.ipxe"
 
     async def script(self, name: str, remote: str) -> str | None:
         """The iPXE script that loads the minOS with a fresh boot token, for node `name`
-        asking from `remote` (None: no such node; Refused: `remote` is not its address)."""
+        asking from `remote` (None: no such node; Refused: `remote` is not its address;
+        SignedOnly: the node boots by the signed path only)."""
         node = self.nodes.nodes.get(name)
         if node is None:
             return None
         address = self.address_of(node)
         if address is None or remote != str(address):
             raise Refused(str(address or "the address it shows the ProxyDHCP server (none yet)"))
+        if node.config.secure_boot:
+            raise SignedOnly(name)
         return self._script(node.name, await self._boot_cmdline(node))
+
+    async def grub_config(self, remote: str) -> str | None:
+        """The GRUB config that loads the minOS with a fresh boot token, for the node at
+        `remote`: GRUB asks for the same file name from every machine, so the asking address
+        is what names the node, and a machine gets only its own (None: no node there)."""
+        node = self.nodes.by_ip(remote)
+        if node is None:
+            return None
+        cmdline, server = await self._boot_cmdline(node), self.config.server.address
+        return (
+            f"echo 'layerpy: booting {node.name} into the minOS'\n"
+            f"linux (tftp,{server})/minos/kernel {grub_words(cmdline)}\n"
+            f"initrd (tftp,{server})/minos/initrd\n"
+            "boot\n"
+        )
 
     async def loader_file(self, name: str, remote: str) -> bytes | Path | None:
         """A file TFTP serves by name beside its root's, for the machine at `remote`: a
-        Raspberry Pi's (rpi_file); None: not one of those (an iPXE binary, or nothing)."""
-        return await self.rpi_file(name, remote)
+        Raspberry Pi's (rpi_file); or one the signed path fetches: a signed loader, the
+        node's GRUB config (Refused: no node at that address) or the minOS's kernel or
+        initrd; None: not one of those (an iPXE binary, or nothing)."""
+        if (pi := await self.rpi_file(name, remote)) is not None:
+            return pi
+        name = name.lstrip("/")
+        signed, minos = self.config.signed, self.config.minos
+        if name in {f(arch) for arch in EFI_ARCHES for f in (signed.shim, signed.grub)}:
+            return signed.directory / name
+        if name == GRUB_CONFIG:
+            config = await self.grub_config(remote)
+            if config is None:
+                raise Refused(f"{GRUB_CONFIG} goes only to a node, at its own address")
+            return config.encode()
+        if name in MINOS_FILES:
+            return minos.kernel if MINOS_FILES[name] is Phase.KERNEL else minos.initrd
+        return None
 
     async def rpi_file(self, name: str, remote: str) -> bytes | Path | None:
         """A Raspberry Pi's TFTP file (docs/hardware.md): for the node at `remote` when it
@@ -700,7 +780,7 @@ class BootPolicy:
 
     def _cmdline(self, name: str, token: str, mac: str, persist: str = "") -> str:
         """The minOS kernel's command line: the node file's [minos] cmdline, then layerpy's
-        arguments (one source for the iPXE script and a Pi's cmdline.txt)."""
+        arguments (one source for the iPXE script, the GRUB config and a Pi's cmdline.txt)."""
         heartbeat = self.config.server.heartbeat
         layerpy = Cmdline(self.base_url, name, token, mac, heartbeat, persist=persist,
                           servers=self.servers_of(name))  # fmt: skip

@@ -15,6 +15,7 @@ PACKAGED = Path(__file__).resolve().parent / "bundled"
 CHECKOUT = Path(__file__).resolve().parents[2]
 CHECKOUT_MINOS = CHECKOUT / "minos" / "out"
 DEBIAN_IPXE = Path("/usr/lib/ipxe")
+FETCHED_SIGNED = Path("/var/cache/layerpy/signed")  # where vm-lab/signed-loaders.sh puts them
 
 
 def minos() -> tuple[Path, Path] | None:
@@ -29,6 +30,11 @@ def minos() -> tuple[Path, Path] | None:
 def ipxe_dir() -> Path:
     """The bundled iPXE binaries, else Debian's ipxe package's."""
     return PACKAGED / "ipxe" if (PACKAGED / "ipxe").is_dir() else DEBIAN_IPXE
+
+
+def signed_dir() -> Path:
+    """The bundled signed shim and GRUB, else those vm-lab/signed-loaders.sh fetched."""
+    return PACKAGED / "signed" if (PACKAGED / "signed").is_dir() else FETCHED_SIGNED
 
 
 def systemd_dir() -> Path:

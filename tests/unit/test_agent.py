@@ -329,7 +329,7 @@ def test_hello_body(server, agents, tmp_path) -> None:
     assert set(hello) == {
         "node", "token", "mac", "ip", "hostname", "boot_id", "seq", "event",
         "busy", "uptime", "timeline", "lldp", "lldp_ignored", "agent_version", "image", "files", "persist",
-        "protocol",
+        "secure_boot", "protocol",
     }  # fmt: skip
     assert hello["node"] == "t1"
     assert hello["token"] == "tok"

@@ -95,7 +95,7 @@ BROKEN = {
     "unknown section": (
         ("[ipxe]", "[ipx]"),
         [
-            "nodes.toml:18: ipx: unknown section (known: server, network, minos, ipxe, api, images, switches, groups, nodes, files, cluster, rpi)"
+            "nodes.toml:18: ipx: unknown section (known: server, network, minos, ipxe, signed, api, images, switches, groups, nodes, files, cluster, rpi)"
         ],
     ),
     "wrong type": (

@@ -35,6 +35,7 @@ from layerpy.config.records import (
     ReloadRefused,
     RpiConfig,
     ServerConfig,
+    SignedConfig,
     SwitchConfig,
 )
 
@@ -55,6 +56,7 @@ __all__ = [
     "ReloadRefused",
     "RpiConfig",
     "ServerConfig",
+    "SignedConfig",
     "SwitchConfig",
     "load",
     "parse",
@@ -62,8 +64,8 @@ __all__ = [
 ]
 
 SECTIONS = (
-    "server", "network", "minos", "ipxe", "api", "images", "switches", "groups", "nodes", "files",
-    "cluster", "rpi",
+    "server", "network", "minos", "ipxe", "signed", "api", "images", "switches", "groups",
+    "nodes", "files", "cluster", "rpi",
 )  # fmt: skip
 
 
@@ -135,11 +137,12 @@ def _read(r: Reader, data: dict[str, Any]) -> Config | None:
     switches = nodes.switches(r, data)
     all_nodes = nodes.read(r, data, network, server)
     nodes.check_references(r, all_nodes, known_images, switches)
+    signed = boot.signed(r, data, server, all_nodes)
     node_files = files.read(r, data, known_images, all_nodes)
     shared = cluster.read(r, data, network)
     if server is None or network is None or minos is None or r.problems:
         return None
     config = Config(r.file, server, network, minos, ipxe, api, known_images, switches, all_nodes,
-                    node_files, shared, rpi)  # fmt: skip
+                    node_files, shared, rpi, signed)  # fmt: skip
     files.check_renders(r, config)
     return None if r.problems else config

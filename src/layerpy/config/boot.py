@@ -1,5 +1,5 @@
 """The sections that say how nodes boot and who drives the server: [server], [network],
-[minos], [ipxe] and [api]."""
+[minos], [ipxe], [signed] and [api]."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from layerpy.config import values
 from layerpy.config.reading import Reader, missing
 from layerpy.config.records import (
     DHCP_MODES,
+    EFI_ARCHES,
     IDENTITY_MODES,
     OTHER_DHCP,
     REBIND_MODES,
@@ -19,8 +20,10 @@ from layerpy.config.records import (
     IpxeConfig,
     MinosConfig,
     NetworkConfig,
+    NodeConfig,
     RpiConfig,
     ServerConfig,
+    SignedConfig,
 )
 from layerpy.proto.agent import HEARTBEAT
 
@@ -206,6 +209,28 @@ def ipxe(r: Reader, data: dict[str, Any], server: ServerConfig | None) -> IpxeCo
                     f"{path} links to {path.resolve()}, outside ipxe.dir, and TFTP serves "
                     "only what is inside it (pick another file or point ipxe.dir there)",
                 )
+    return config
+
+
+def signed(
+    r: Reader, data: dict[str, Any], server: ServerConfig | None, nodes: dict[str, NodeConfig]
+) -> SignedConfig:
+    """Debian's signed shim and GRUB; a node with ``secure_boot = true`` needs them (those of
+    one EFI architecture at least: which one a machine is, only its DHCP request says)."""
+    table = r.table(data, "signed", {"dir"})
+    get = r.getter(table, "signed")
+    config = SignedConfig(get("dir", str, r.path, default=bundle.signed_dir()))
+    secure = next((node for node in nodes.values() if node.secure_boot), None)
+    needed = secure is not None and server is not None and server.dhcp != "off"
+    if needed and not any(config.has(arch) for arch in EFI_ARCHES):
+        assert secure is not None
+        where = f"groups.{secure.group}" if secure.group else f"nodes.{secure.name}"
+        pairs = ", ".join(f"{config.shim(a)} and {config.grub(a)}" for a in EFI_ARCHES)
+        r.problem(
+            f"{where}.secure_boot",
+            f"{secure.name} boots by the signed path, but {config.directory} holds neither "
+            f"{pairs} (run vm-lab/signed-loaders.sh, or set signed.dir)",
+        )
     return config
 
 

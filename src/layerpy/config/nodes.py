@@ -22,7 +22,10 @@ from layerpy.config.records import (
 )
 from layerpy.power.base import DRIVERS, PowerSpec
 
-NODE_KEYS = {"ip", "mac", "power", "bmc", "image", "location", "vars", "persist_disk", "serial"}
+NODE_KEYS = {
+    "ip", "mac", "power", "bmc", "image", "location", "vars", "persist_disk", "serial",
+    "secure_boot",
+}  # fmt: skip
 GROUP_KEYS = NODE_KEYS | {"nodes"}
 SWITCH_KEYS = {"chassis_id", "relay", "remote_id", "relay_sources"}
 BMC_KEYS = {
@@ -132,6 +135,7 @@ def _group(r: Reader, name: str, table: Any, ip_required: bool) -> Iterator[Node
     variables = get("vars", dict, default={})  # one dict for the group's nodes
     disk = get("persist_disk", str, values.disk)
     serials = get("serial", list, values.serial_list)
+    secure = get("secure_boot", bool, default=False)
     if names is None or (ips is None and ip_required):
         return
     bmcs = _bmcs(r, table.get("bmc"), f"{prefix}.bmc", names)
@@ -149,7 +153,18 @@ def _group(r: Reader, name: str, table: Any, ip_required: bool) -> Iterator[Node
         ip = ips[index] if ips else None
         serial = serials[index] if serials else None
         yield NodeConfig(
-            node_name, ip, mac, name, power or "on", bmc, image, location, variables, disk, serial
+            node_name,
+            ip,
+            mac,
+            name,
+            power or "on",
+            bmc,
+            image,
+            location,
+            variables,
+            disk,
+            serial,
+            bool(secure),
         )
 
 
@@ -178,11 +193,12 @@ def _override(
     own = get("vars", dict)
     disk = get("persist_disk", str, values.disk)
     serial = get("serial", str, values.serial)
+    secure = get("secure_boot", bool)
     if base is None:
         if ip is None and ip_required:
             return None
         return NodeConfig(name, ip, mac, None, power or "on", bmc, image, location, own or {},
-                          disk, serial)  # fmt: skip
+                          disk, serial, bool(secure))  # fmt: skip
     return replace(
         base,
         ip=ip or base.ip,
@@ -194,6 +210,7 @@ def _override(
         vars={**base.vars, **own} if own else base.vars,
         persist_disk=disk or base.persist_disk,
         serial=serial or base.serial,
+        secure_boot=base.secure_boot if secure is None else secure,
     )
 
 

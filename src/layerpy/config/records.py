@@ -8,6 +8,7 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Any
 
+from layerpy import bundle
 from layerpy.images.source import ImageSource
 from layerpy.power.base import PowerSpec
 from layerpy.proto.agent import HEARTBEAT
@@ -130,6 +131,32 @@ class IpxeConfig:
     arm64: str | None = None  # no arm64 binary unless the file names one
 
 
+# The EFI architectures of Debian's signed loaders, by shim's own name for each: shim
+# loads "grub<arch>.efi" from the directory it was loaded from.
+EFI_ARCHES = ("x64", "aa64")
+
+
+@dataclass(frozen=True)
+class SignedConfig:
+    """Debian's signed shim and netboot GRUB (the Secure Boot path): the directory holding
+    them as ``shim<arch>.efi`` and ``grub<arch>.efi`` (vm-lab/signed-loaders.sh fills it)."""
+
+    directory: Path = field(default_factory=bundle.signed_dir)
+
+    @staticmethod
+    def shim(arch: str) -> str:
+        return f"shim{arch}.efi"
+
+    @staticmethod
+    def grub(arch: str) -> str:
+        return f"grub{arch}.efi"
+
+    def has(self, arch: str) -> bool:
+        """Whether both loaders of an EFI architecture are there (checked when asked: the
+        set-up may fetch them after the file was read)."""
+        return all((self.directory / name).is_file() for name in (self.shim(arch), self.grub(arch)))
+
+
 @dataclass(frozen=True)
 class RpiConfig:
     """Raspberry Pi network boot ([rpi]): the firmware directory TFTP serves to Pis, the
@@ -189,6 +216,7 @@ class NodeConfig:
     vars: dict[str, Any] = field(default_factory=dict, hash=False)
     persist_disk: str | None = None  # the node's disk for persistent paths, else its RAM
     serial: str | None = None  # a Raspberry Pi's serial number (8 hex digits)
+    secure_boot: bool = False  # booted only by the signed path (shim, GRUB, signed kernel)
 
 
 @dataclass(frozen=True)
@@ -248,6 +276,7 @@ class Config:
     files: dict[str, FileConfig] = field(default_factory=dict)
     cluster: ClusterConfig | None = None  # None: one instance on its own, no etcd
     rpi: RpiConfig | None = None  # None: Raspberry Pis are not booted
+    signed: SignedConfig = field(default_factory=SignedConfig)
 
     @cached_property
     def serials(self) -> dict[str, str]:

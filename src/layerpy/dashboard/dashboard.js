@@ -421,6 +421,7 @@ function showFacts(node) {
       `(${node.location.source})`],
     ["last report", node.last_report && `${Math.round(Date.now() / 1000 - node.last_report)} s ago`],
     ["agent", node.agent && node.agent.version],
+    ["secure boot", {true: "on", false: "off"}[node.secure_boot]],
     ["console", node.console_problem], ["conflict", node.conflict], ["problem", node.problem],
     ["power error", node.power_error], ["image error", node.image.error],
     ["owner", node.owner === "" ? "none yet" : node.owner],

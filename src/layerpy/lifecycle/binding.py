@@ -355,6 +355,8 @@ class Lifecycle:
             "rebind_pending": node.rebind_pending,  # a new machine waiting for `layerpy bind`
             "problem": node.problem,
             "console": node.console_problem,
+            # the file's wish (the signed path only) and the firmware's word, by its agent
+            "secure_boot": {"wanted": node.config.secure_boot, "reported": node.secure_boot},
             "image_wanted": self.image_of(name),
             "image_problem": entry.error if entry else None,
             "files": {  # the revision in place on the node, and the one it should have

@@ -21,7 +21,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
-PROTOCOL = "1.2"  # 1.1: files and persistent paths; 1.2: the answer's servers
+PROTOCOL = "1.3"  # 1.1: files and persistent paths; 1.2: the answer's servers;
+# 1.3: the report's secure_boot
 REPORT_PATH = "/api/v1/agent/report"
 FILES_PATH = "/api/v1/agent/files/"  # + a file's digest: one of the node's own files
 HEARTBEAT = 5.0  # seconds between reports unless the node file says otherwise
@@ -381,6 +382,9 @@ class Report:
     image: ImageStatus = _field(_record(ImageStatus), ImageStatus())
     files: FilesStatus = _field(_record(FilesStatus), FilesStatus())
     persist: str | None = _field(_optional(_text), None)  # where persistent paths are kept
+    # whether the firmware booted the node with Secure Boot on (1.3); None: not said (an
+    # older agent, or UEFI variables it cannot read)
+    secure_boot: bool | None = _field(_optional(_boolean), None)
     protocol: str = _field(_text, PROTOCOL)
 
     @classmethod

@@ -19,7 +19,7 @@ from typing import Any, BinaryIO, Protocol
 from aiohttp import hdrs, web
 from aiohttp.abc import AbstractStreamWriter
 
-from layerpy.boot import Booter, Refused
+from layerpy.boot import Booter, Refused, SignedOnly
 from layerpy.catalog import Catalog
 from layerpy.logs import Throttle
 from layerpy.model import Phase
@@ -153,6 +153,11 @@ async def boot_script(request: web.Request) -> web.Response:
         quiet.log("boot script refused", logging.WARNING, "%s: refused its boot script to %s", name,
                   request.remote)  # fmt: skip
         raise web.HTTPForbidden(text=f"the boot script of {name} is only for {whom}\n") from None
+    except SignedOnly:
+        quiet.log("boot script refused", logging.WARNING, "%s: refused an iPXE script to %s: "
+                  "secure_boot = true", name, request.remote)  # fmt: skip
+        text = f"{name} boots by the signed path only (secure_boot = true): no iPXE script\n"
+        raise web.HTTPForbidden(text=text) from None
     if script is None:
         raise web.HTTPNotFound(text=f"no node named {name!r}\n")
     return web.Response(text=script, content_type="text/plain")

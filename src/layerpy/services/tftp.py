@@ -24,10 +24,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from layerpy.boot import Booter, Refused
+from layerpy.boot import Booter, Refused, phase_of
 from layerpy.host import cannot_listen
 from layerpy.logs import Throttle
-from layerpy.model import Phase
 from layerpy.proto import tftp as proto
 from layerpy.services.datagrams import RECEIVE_SIZE, Datagrams, deep_buffers
 from layerpy.stats import Stats
@@ -80,7 +79,8 @@ def accounting(stats: Stats, booter: Booter) -> Callable[[TftpEvent], None]:
     transfer, with its service time and acknowledged bytes; failed ones are failures),
     "denied" (refused before any data: no such file, a write, a bad mode), "refused" (over
     the transfer budget); "malformed" counts dropped datagrams. A transfer done is the
-    TFTP phase of the boot of the node at that address."""
+    TFTP phase of the boot of the node at that address (the kernel or initrd phase for
+    the minOS's, which the signed GRUB loads by TFTP)."""
 
     def account(event: TftpEvent) -> None:
         if event.kind in ("done", "failed"):
@@ -89,7 +89,7 @@ def accounting(stats: Stats, booter: Booter) -> Callable[[TftpEvent], None]:
         elif event.kind in ("denied", "refused", "malformed"):
             stats.count("tftp", event.kind, ok=False)
         if event.kind == "done":
-            booter.fetched(event.client, Phase.TFTP)
+            booter.fetched(event.client, phase_of(event.filename))
 
     return account
 
@@ -139,16 +139,16 @@ class FileContent:
 
 
 class Rendered(bytes):
-    """A file made for one request (a Raspberry Pi's cmdline.txt): its bytes, nothing to
-    close."""
+    """A file made for one request (a node's GRUB config, a Raspberry Pi's cmdline.txt): its
+    bytes, nothing to close."""
 
     def close(self) -> None:
         pass
 
 
-# A file the booter serves by name beside the root's (a Raspberry Pi's): a file's path, or
-# bytes made for the asking address; None: not one of its names. Raises Refused, or
-# FileNotFoundError for a name of its own that it has no file for.
+# A file the booter serves by name beside the root's (the signed path's, a Raspberry Pi's):
+# a file's path, or bytes made for the asking address; None: not one of its names. Raises
+# Refused, or FileNotFoundError for a name of its own that it has no file for.
 Lookup = Callable[[str, str], Awaitable[bytes | Path | None]]
 
 
