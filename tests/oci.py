@@ -150,9 +150,11 @@ class Layout:
         config: dict | None = None,
         arch: str = "amd64",
         compress: str | None = "gzip",
+        variant: str | None = None,
     ) -> dict:
-        """Writes an image's blobs and returns its manifest's descriptor, with its platform.
-        A layer is a list of entries or a ready tar; `compress` is "gzip", "zstd" or None."""
+        """Writes an image's blobs and returns its manifest's descriptor, with its platform
+        (`variant`, e.g. "v8", only if given). A layer is a list of entries or a ready tar;
+        `compress` is "gzip", "zstd" or None."""
         tars = [layer if isinstance(layer, bytes) else tar_bytes(layer) for layer in layers]
         manifest = {
             "schemaVersion": 2,
@@ -161,7 +163,8 @@ class Layout:
             "layers": [self._layer(tar, compress) for tar in tars],
         }
         data = json.dumps(manifest, sort_keys=True).encode()
-        return self.blob(MANIFEST, data, platform={"architecture": arch, "os": "linux"})
+        platform = {"architecture": arch, "os": "linux"} | ({"variant": variant} if variant else {})
+        return self.blob(MANIFEST, data, platform=platform)
 
     def _layer(self, tar: bytes, compress: str | None) -> dict:
         if compress == "gzip":

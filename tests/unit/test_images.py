@@ -86,9 +86,15 @@ UPPER = [
 ]
 
 
-def pull(store: ImageStore, source: str | ImageSource, name: str = "img", progress=None):
+def pull(
+    store: ImageStore,
+    source: str | ImageSource,
+    name: str = "img",
+    progress=None,
+    platform: str = "linux/amd64",
+):
     source = parse_source(source) if isinstance(source, str) else source
-    return asyncio.run(store.pull(name, source, progress))
+    return asyncio.run(store.pull(name, source, progress, platform))
 
 
 def layered(path: Path, *layers: list, compress: str | None = "gzip") -> Path:
@@ -447,12 +453,13 @@ def test_multi_platform_layout(tmp_path: Path) -> None:
     layout.tag("latest", layout.index([arm, amd]))
     image = pull(ImageStore(tmp_path / "s"), f"oci-layout:{layout.path}:latest")
     assert image.digest == amd["digest"] and image.architecture == "amd64"
-    arm_image = pull(ImageStore(tmp_path / "arm", arch="arm64"), f"oci-layout:{layout.path}")
-    assert arm_image.digest == arm["digest"]
+    source = f"oci-layout:{layout.path}"
+    arm_image = pull(ImageStore(tmp_path / "arm"), source, platform="linux/arm64/v8")
+    assert arm_image.digest == arm["digest"] and arm_image.architecture == "arm64"
     with pytest.raises(
         ImageError, match=r"no linux/riscv64 image \(offers: linux/arm64, linux/amd64\)"
     ):
-        pull(ImageStore(tmp_path / "rv", arch="riscv64"), f"oci-layout:{layout.path}")
+        pull(ImageStore(tmp_path / "rv"), source, platform="linux/riscv64")
 
 
 def test_missing_sources(store: ImageStore, tmp_path: Path) -> None:
