@@ -97,12 +97,13 @@ def tar_bytes(entries: Layer) -> bytes:
     return out.getvalue()
 
 
-def busybox_layer() -> Layer:
-    """A root filesystem of busybox-static and a few applet symlinks."""
+def busybox_layer(busybox: Path = BUSYBOX, applets: tuple[str, ...] = APPLETS) -> Layer:
+    """A root filesystem of busybox-static (this machine's, or another architecture's
+    binary) and a few applet symlinks."""
     return [
         directory("bin"),
-        file("bin/busybox", BUSYBOX.read_bytes(), 0o755),
-        *(symlink(f"bin/{applet}", "busybox") for applet in APPLETS),
+        file("bin/busybox", busybox.read_bytes(), 0o755),
+        *(symlink(f"bin/{applet}", "busybox") for applet in applets),
         directory("etc"),
         file("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n"),
         directory("root", 0o700),
