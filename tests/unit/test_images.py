@@ -460,6 +460,11 @@ def test_multi_platform_layout(tmp_path: Path) -> None:
         ImageError, match=r"no linux/riscv64 image \(offers: linux/arm64, linux/amd64\)"
     ):
         pull(ImageStore(tmp_path / "rv"), source, platform="linux/riscv64")
+    # an amd64 manifest pinned by digest is refused to arm64 nodes, fetched or kept
+    pinned = f"oci-layout:{layout.path}:{amd['digest']}"
+    for store in (ImageStore(tmp_path / "fresh"), ImageStore(tmp_path / "s")):
+        with pytest.raises(ImageError, match=r"image is for amd64, not (linux/)?arm64"):
+            pull(store, pinned, platform="linux/arm64/v8")
 
 
 def test_missing_sources(store: ImageStore, tmp_path: Path) -> None:

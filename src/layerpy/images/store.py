@@ -86,6 +86,8 @@ class ImageStore:
         started = time.monotonic()
         try:
             image = self.get(source.reference)
+            if image is not None and image.architecture != platforms.architecture(platform):
+                raise ImageError(f"{source}: image is for {image.architecture}, not {platform}")
             if image is None:
                 fetcher: Fetcher = (
                     RegistryFetcher(source) if source.kind == "registry" else LocalFetcher(source)
