@@ -216,6 +216,34 @@ def build_image(
     return path
 
 
+def debian_busybox(arch: str, cache: Path = Path("/var/cache/layerpy")) -> bytes | None:
+    """Debian's busybox-static binary for `arch` (arm64: from the .deb that
+    `minos/build.sh --arch arm64` keeps in the cache), or None when it is not there."""
+    debs = sorted((cache / "debs").glob(f"busybox-static_*_{arch}.deb"))
+    if not debs:
+        return None
+    tar = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(debs[-1])], check=True,
+                         capture_output=True).stdout  # fmt: skip
+    return subprocess.run(["tar", "-xO", "./bin/busybox"], input=tar, check=True,
+                          capture_output=True).stdout  # fmt: skip
+
+
+def build_multiarch(path: Path, busyboxes: dict[str, Path], command: list[str]) -> dict[str, str]:
+    """A busybox image for each architecture (`busyboxes`: arch -> its busybox binary) in
+    one OCI index at `path`, tagged latest, as `docker buildx --platform ...` pushes one
+    (arm64 as arm64/v8); /arch names the architecture, `command` runs (sh, cat, echo,
+    sleep, uname). Returns each architecture's manifest digest."""
+    layout = Layout(path)
+    applets = ("sh", "cat", "echo", "sleep", "uname")
+    found = {
+        arch: layout.image([busybox_layer(busybox, applets), [file("arch", arch)]],
+                           {"Cmd": command}, arch=arch, variant="v8" if arch == "arm64" else None)
+        for arch, busybox in busyboxes.items()
+    }  # fmt: skip
+    layout.tag("latest", layout.index(list(found.values())))
+    return {arch: descriptor["digest"] for arch, descriptor in found.items()}
+
+
 def write_docker_archive(
     path: Path,
     layers: list[Layer],

@@ -15,7 +15,6 @@ timeouts that say what they waited for.
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from lab import Lab
-from oci import Layout, busybox_layer, file
+from oci import BUSYBOX, build_multiarch, debian_busybox
 from session import MACHINES, LabSession, lab_text
 
 pytestmark = pytest.mark.e2e
@@ -34,36 +33,15 @@ CACHE = Path(os.environ.get("LAYERPY_CACHE", "/var/cache/layerpy"))
 NODE, IP = "arm001", "10.99.0.21"
 MARKER = "ARM64-LAB-IMAGE"
 COMMAND = ["/bin/sh", "-c", f"echo {MARKER} $(cat /arch) $(uname -m); exec sleep 1000000"]
-APPLETS = ("sh", "cat", "echo", "sleep", "uname")
 
 
 def arm64_busybox(into: Path) -> Path:
-    """Debian's arm64 busybox-static, from the .deb the arm64 minOS build fetched."""
-    debs = sorted((CACHE / "debs").glob("busybox-static_*_arm64.deb"))
-    if not debs or not (MINOS / "initrd").exists():
+    binary = debian_busybox("arm64", CACHE)
+    if binary is None or not (MINOS / "initrd").exists():
         pytest.skip("no arm64 minOS: run minos/build.sh --arch arm64 (vm-lab/setup.sh does)")
-    tar = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(debs[-1])], check=True,
-                         capture_output=True).stdout  # fmt: skip
-    binary = subprocess.run(["tar", "-xO", "./bin/busybox"], input=tar, check=True,
-                            capture_output=True).stdout  # fmt: skip
     path = into / "busybox-arm64"
     path.write_bytes(binary)
     return path
-
-
-def multiarch_image(path: Path, busybox: Path) -> dict[str, str]:
-    """An OCI layout whose index lists an amd64 and an arm64/v8 busybox image (what
-    `docker buildx --platform linux/amd64,linux/arm64` pushes); their manifest digests."""
-    layout = Layout(path)
-    config = {"Cmd": COMMAND}
-    amd64 = [busybox_layer(applets=APPLETS), [file("arch", "amd64")]]
-    arm64 = [busybox_layer(busybox, APPLETS), [file("arch", "arm64")]]
-    images = {
-        "amd64": layout.image(amd64, config),
-        "arm64": layout.image(arm64, config, arch="arm64", variant="v8"),
-    }
-    layout.tag("latest", layout.index(list(images.values())))
-    return {arch: found["digest"] for arch, found in images.items()}
 
 
 def node_file(run_dir: Path, layout: Path) -> Path:
@@ -95,7 +73,8 @@ def boot_arguments(lab: Lab) -> str:
 @pytest.fixture(scope="module")
 def arm_lab(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("arm64", numbered=True)
-    digests = multiarch_image(tmp / "multi", arm64_busybox(tmp))
+    busyboxes = {"amd64": BUSYBOX, "arm64": arm64_busybox(tmp)}
+    digests = build_multiarch(tmp / "multi", busyboxes, COMMAND)
     session = LabSession(tmp / "lab", node_file(tmp, tmp / "multi"))
     yield session, digests
     session.close()

@@ -23,9 +23,12 @@ from layerpy.images import ImageError, ImageSource, ImageStore, parse_source
 from layerpy.images.registry import credentials_withheld
 
 from oci import (
+    BUSYBOX,
     Layout,
     build_image,
+    build_multiarch,
     busybox_layer,
+    debian_busybox,
     device,
     directory,
     fifo,
@@ -570,3 +573,21 @@ def test_hostile_manifests(store: ImageStore, tmp_path: Path) -> None:
     with pytest.raises(ImageError, match=f"manifest {pinned} does not match its digest"):
         pull(store, f"oci-layout:{layout.path}:{pinned}")
     assert store.list() == []
+
+
+def test_the_lab_multiarch_image_gives_arm64_nodes_an_arm64_busybox(tmp_path: Path) -> None:
+    """The busybox index the arm64 lab test runs: an arm64 node's flattened image holds
+    Debian's aarch64 busybox (ELF machine 183), an amd64 node's this machine's."""
+    arm64 = debian_busybox("arm64")
+    if arm64 is None:
+        pytest.skip("no arm64 busybox-static .deb cached: run minos/build.sh --arch arm64")
+    (tmp_path / "busybox-arm64").write_bytes(arm64)
+    busyboxes = {"amd64": BUSYBOX, "arm64": tmp_path / "busybox-arm64"}
+    digests = build_multiarch(tmp_path / "multi", busyboxes, ["/bin/sh"])
+    store = ImageStore(tmp_path / "store")
+    for platform, arch, machine in (("linux/arm64/v8", "arm64", 183), ("linux/amd64", "amd64", 62)):
+        image = pull(store, f"oci-layout:{tmp_path / 'multi'}:latest", platform=platform)
+        assert image.digest == digests[arch]
+        with tarfile.open(image.rootfs) as flat:
+            elf = flat.extractfile("bin/busybox").read(20)
+        assert int.from_bytes(elf[18:20], "little") == machine, platform
