@@ -134,8 +134,11 @@ class Lifecycle:
 
     async def follow(self) -> None:
         """Tell the engine what the store observed; a catalog change re-reads the nodes
-        that want that image (whether what they run is still the wanted digest)."""
+        that want that image (whether what they run is still the wanted digest). A node's
+        agent facts name its platform: its images are pulled for it from its hello on."""
         async for change in self.changes:
+            if change is not GAP and change.kind == "observed" and "agent" in change.fields:
+                self.catalog.want(self.platform_of(change.node))
             if change is GAP:
                 for name in self.store.nodes:
                     self._observe(name)
