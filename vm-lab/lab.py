@@ -103,7 +103,10 @@ def qemu_command(spec: VmSpec, run_dir: Path) -> list[str]:
     if spec.firmware in ("uefi-pxe", "uefi-http") or spec.arch == "arm64":
         nic += ",romfile="  # no iPXE ROM: OVMF's own VirtioNetDxe + PXE (or HTTP boot)
     if spec.arch == "arm64":  # QEMU's ROMs are x86 code; cortex-a72 is cheaper under TCG than max
-        machine = ["qemu-system-aarch64", "-machine", "virt", "-cpu", "cortex-a72"]
+        # an RNG: without one AAVMF offers the kernel no EFI_RNG_PROTOCOL seed and the
+        # agent's Python waits ~10 s for entropy under TCG (a direct boot's DT has a seed)
+        machine = ["qemu-system-aarch64", "-machine", "virt", "-cpu", "cortex-a72",
+                   "-device", "virtio-rng-pci"]  # fmt: skip
     else:
         machine = ["qemu-system-x86_64", "-machine", "pc"]
     cmd = [
