@@ -77,7 +77,9 @@ case "$COMPRESS" in auto | gzip | zstd) ;; *) echo "build.sh: --compress auto|gz
 # arm64 generic: QEMU virt (virtio PCI and MMIO), the Raspberry Pi 4 (genet, its MDIO bus and
 # Broadcom PHY), the PCIe NICs of Ampere, Grace and other arm64 servers (Mellanox mlx5, Intel,
 # Broadcom bnxt_en), Cavium ThunderX (nicpf, nicvf), Huawei Kunpeng (hns3), Marvell Armada
-# (mvpp2), Realtek r8169 and the Cadence (macb) and Synopsys (dwmac) MACs of many SoCs.
+# (mvpp2), Realtek r8169 and the Cadence (macb) and Synopsys (dwmac) MACs of many SoCs; and
+# the hardware RNGs of those machines (virtio, the Pi's, SMCCC TRNG firmware, ThunderX,
+# X-Gene, Kunpeng): without entropy the agent's Python waits at start (~10 s under TCG).
 case "$ARCH/$FLAVOUR" in
 amd64/generic)
     META=linux-image-amd64 OUT=$HERE/out
@@ -87,7 +89,8 @@ amd64/cloud) META=linux-image-cloud-amd64 OUT=$HERE/out-cloud NICS="virtio_pci v
 arm64/generic)
     META=linux-image-arm64 OUT=$HERE/out-arm64
     NICS="virtio_pci virtio_mmio virtio_net genet broadcom mlx5_core ixgbe i40e ice igb igc e1000e
-    bnxt_en nicpf nicvf hns3 hclge mvpp2 r8169 macb dwmac-generic" DISKS="virtio_blk nvme ahci sd_mod" ;;
+    bnxt_en nicpf nicvf hns3 hclge mvpp2 r8169 macb dwmac-generic virtio_rng iproc-rng200 bcm2835-rng
+    arm_smccc_trng cavium-rng-vf xgene-rng hisi-rng" DISKS="virtio_blk nvme ahci sd_mod" ;;
 arm64/cloud)
     META=linux-image-cloud-arm64 OUT=$HERE/out-arm64-cloud
     NICS="virtio_pci virtio_mmio virtio_net" DISKS=virtio_blk ;;
