@@ -47,6 +47,7 @@ from layerpy.proto.agent import (
     node_authorization,
 )
 from layerpy.proto.lldp import Neighbor
+from layerpy.proto.platform import of_machine
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 UPTIME = "/proc/uptime"
@@ -57,6 +58,7 @@ BUSY = os.path.join(NODE_DIR, "busy")  # /run/layerpy/busy in the container
 HTTP_TIMEOUT = 5.0
 CONFIG_RETRY = 30.0
 SPREAD = 0.1  # heartbeats vary by this fraction either way
+PLATFORM = of_machine(os.uname().machine)  # which image of a multi-architecture index runs here
 
 
 def uptime() -> float:
@@ -316,6 +318,7 @@ class Agent:
             files=self.runner.files() if self.runner is not None else FilesStatus(),
             persist=self.runner.persist if self.runner is not None else None,
             secure_boot=self.secure_boot,
+            platform=PLATFORM,
         )
 
     def report(self, obs: dict[str, object]) -> Outcome:

@@ -486,9 +486,10 @@ async function start() {
     $("who").textContent = `${who.name} (${who.scope})`;
     const images = await json("/api/v1/images");
     $("image-choice").hidden = $("image-set").hidden = !images.length;
-    $("image-choice").replaceChildren(...images.map((image) => {
+    const names = [...new Set(images.map((image) => image.name))]; // one entry per platform
+    $("image-choice").replaceChildren(...names.map((name) => {
       const option = document.createElement("option");
-      option.textContent = image.name;
+      option.textContent = name;
       return option;
     }));
     await loadNodes();

@@ -126,6 +126,7 @@ def facts(node: Node, report: Report, now: float) -> list[Effect]:
         "agent_version": report.agent_version,
         "timeline": report.timeline,
         "persist": report.persist,
+        "platform": report.platform,
     }
     news = {k: v for k, v in agent.items() if k not in HEARTBEAT_ONLY}
     quiet = news == {k: v for k, v in node.agent.items() if k not in HEARTBEAT_ONLY}
