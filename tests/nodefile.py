@@ -12,6 +12,10 @@ kernel = "vmlinuz"
 initrd = "initrd"
 cmdline = "console=ttyS0"
 
+[minos.arm64]
+kernel = "vmlinuz-arm64"
+initrd = "initrd-arm64"
+
 [ipxe]
 dir = "ipxe"
 
@@ -21,9 +25,9 @@ dir = "signed"
 
 
 def write_boot_files(directory: Path) -> None:
-    """The kernel, initrd, iPXE binaries and signed loaders BOOT_SECTIONS names, as
-    stand-in bytes."""
-    for name in ("vmlinuz", "initrd"):
+    """The kernels, initrds (x86-64 and arm64), iPXE binaries and signed loaders
+    BOOT_SECTIONS names, as stand-in bytes."""
+    for name in ("vmlinuz", "initrd", "vmlinuz-arm64", "initrd-arm64"):
         (directory / name).write_bytes(name.encode() * 1000)
     (directory / "ipxe").mkdir(exist_ok=True)
     for name in ("undionly.kpxe", "snponly.efi"):

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from layerpy.config import Config
-from layerpy.config.records import EFI_ARCHES
+from layerpy.config.records import EFI_ARCHES, MINOS_ARCHES
 from layerpy.logs import Throttle
 from layerpy.model import Node, Phase
 from layerpy.nodes import DISCOVERY, Ack, NodeStore, ReportRejected
@@ -52,6 +52,23 @@ class Firmware:
     http: bool = False  # UEFI HTTP boot: the binary by http:// URL (no TFTP)
     menu: str | None = None  # option 43's boot menu item instead of a binary
     efi_arch: str | None = None  # shim's name for its architecture (config.EFI_ARCHES)
+    arch: str = "amd64"  # the CPU it runs on: which minOS it boots (MINOS_ARCHES)
+
+
+def arch_of(firmware: str | None) -> str:
+    """The CPU architecture of a boot firmware's name (x86-64 when not known)."""
+    kind = FIRMWARE.get(firmware or "")
+    return "amd64" if kind is None else kind.arch
+
+
+def node_arch(node: Node) -> str:
+    """The CPU architecture of the firmware that started the node's boot."""
+    return arch_of(node.boot.firmware if node.boot is not None else None)
+
+
+def minos_dir(arch: str) -> str:
+    """Where a minOS's files are served (TFTP and HTTP): minos/ for x86-64, else minos/<arch>."""
+    return "minos" if arch == "amd64" else f"minos/{arch}"
 
 
 # IANA "Processor Architecture Types" (DHCP option 93, RFC 4578 and later); anything else
@@ -60,18 +77,24 @@ ARCHITECTURES = {
     0: Firmware("bios", "bios"),
     7: Firmware("uefi", "uefi", efi_arch="x64"),
     9: Firmware("uefi", "uefi", efi_arch="x64"),
-    11: Firmware("uefi-arm64", "arm64", efi_arch="aa64"),
+    11: Firmware("uefi-arm64", "arm64", efi_arch="aa64", arch="arm64"),
     16: Firmware("uefi-http", "uefi", http=True, efi_arch="x64"),
-    19: Firmware("uefi-arm64-http", "arm64", http=True, efi_arch="aa64"),
+    19: Firmware("uefi-arm64-http", "arm64", http=True, efi_arch="aa64", arch="arm64"),
 }
 # A Raspberry Pi 4/5 bootloader says arch 0 like a BIOS; its option 97 tells it apart.
-RPI = Firmware("rpi", "", menu=rpi.MENU)
+RPI = Firmware("rpi", "", menu=rpi.MENU, arch="arm64")
 FIRMWARE = {firmware.name: firmware for firmware in (*ARCHITECTURES.values(), RPI)}
 # Debian 12's signed netboot GRUB (grubnet<arch>.efi): built with the prefix "/grub" on the
 # TFTP server it came from and a memdisk grub.cfg that sources $prefix/<platform>/grub.cfg
 # if it exists, else $prefix/grub.cfg; it has TFTP but no HTTP (docs/secure-boot.md).
 GRUB_CONFIG = "grub/grub.cfg"
-MINOS_FILES = {"minos/kernel": Phase.KERNEL, "minos/initrd": Phase.INITRD}  # GRUB loads by TFTP
+# The minOS's files by name (TFTP for GRUB, HTTP for iPXE): the x86-64 one under minos/,
+# the others under minos/<arch>/.
+MINOS_FILES = {
+    f"{minos_dir(arch)}/{phase.value}": (arch, phase)
+    for arch in MINOS_ARCHES
+    for phase in (Phase.KERNEL, Phase.INITRD)
+}
 KEPT = (BOUND, DECLINED, FREE)  # lease states kept: an offer is no promise
 DISCOVERY_LEASE = 300  # seconds: a discovery address is only held until the node is known
 PER_PORT = 4  # discovery addresses the machines behind one relay port may hold at once
@@ -123,7 +146,8 @@ class SignedOnly(Exception):
 
 def phase_of(name: str) -> Phase:
     """The boot phase a file fetched by TFTP is: the minOS's kernel or initrd, else TFTP."""
-    return MINOS_FILES.get(name.lstrip("/"), Phase.TFTP)
+    arch_phase = MINOS_FILES.get(name.lstrip("/"))
+    return Phase.TFTP if arch_phase is None else arch_phase[1]
 
 
 def grub_words(cmdline: str) -> str:
@@ -562,9 +586,10 @@ class BootPolicy:
         if remote != str(address):
             raise Refused(str(address))
         token = self.nodes.discovery_token(mac)
-        return (
-            None if token is None else self._script(DISCOVERY, self._cmdline(DISCOVERY, token, mac))
-        )
+        if token is None:
+            return None
+        arch = arch_of(self.nodes.unknown[mac].firmware)
+        return self._script(DISCOVERY, arch, self._cmdline(DISCOVERY, token, mac))
 
     def _offer_for(self, node: Node, firmware: str, loads: dict[str, Any]) -> Offer:
         """Authoritative: the node's address and what to boot. Proxy: what to boot, and
@@ -610,13 +635,19 @@ class BootPolicy:
             return {"pxe_menu": kind.menu, "next_server": self.config.server.address}
         binary = getattr(self.config.ipxe, kind.binary)
         if secure:
-            return self._signed_loads(kind)
-        if binary is None:
+            loads = self._signed_loads(kind)
+        elif binary is None:
             signed = self._signed_loads(kind) if node is not None else no_binary
-            return no_binary if isinstance(signed, str) else signed
-        if kind.http:
-            return {"bootfile": f"{self.base_url}/ipxe/{binary}"}
-        return {"bootfile": binary, "next_server": self.config.server.address}
+            loads = no_binary if isinstance(signed, str) else signed
+        elif kind.http:
+            loads = {"bootfile": f"{self.base_url}/ipxe/{binary}"}
+        else:
+            loads = {"bootfile": binary, "next_server": self.config.server.address}
+        if isinstance(loads, dict) and self.config.minos.files(kind.arch) is None:
+            arch = kind.arch
+            return (f"firmware {kind.name}: no {arch} minOS to load (build it with "
+                    f"minos/build.sh --arch {arch}, or name it in [minos.{arch}])")  # fmt: skip
+        return loads
 
     def _signed_loads(self, kind: Firmware) -> dict[str, Any] | str:
         """Debian's signed shim by TFTP (shim then fetches GRUB beside it, GRUB its config
@@ -647,7 +678,7 @@ class BootPolicy:
             raise Refused(str(address or "the address it shows the ProxyDHCP server (none yet)"))
         if node.config.secure_boot:
             raise SignedOnly(name)
-        return self._script(node.name, await self._boot_cmdline(node))
+        return self._script(node.name, node_arch(node), await self._boot_cmdline(node))
 
     async def grub_config(self, remote: str) -> str | None:
         """The GRUB config that loads the minOS with a fresh boot token, for the node at
@@ -657,10 +688,11 @@ class BootPolicy:
         if node is None:
             return None
         cmdline, server = await self._boot_cmdline(node), self.config.server.address
+        files = f"(tftp,{server})/{minos_dir(node_arch(node))}"
         return (
             f"echo 'layerpy: booting {node.name} into the minOS'\n"
-            f"linux (tftp,{server})/minos/kernel {grub_words(cmdline)}\n"
-            f"initrd (tftp,{server})/minos/initrd\n"
+            f"linux {files}/kernel {grub_words(cmdline)}\n"
+            f"initrd {files}/initrd\n"
             "boot\n"
         )
 
@@ -681,7 +713,9 @@ class BootPolicy:
                 raise Refused(f"{GRUB_CONFIG} goes only to a node, at its own address")
             return config.encode()
         if name in MINOS_FILES:
-            return minos.kernel if MINOS_FILES[name] is Phase.KERNEL else minos.initrd
+            arch, phase = MINOS_FILES[name]
+            files = minos.files(arch)
+            return None if files is None else files[phase is Phase.INITRD]
         return None
 
     async def rpi_file(self, name: str, remote: str) -> bytes | Path | None:
@@ -786,12 +820,13 @@ class BootPolicy:
                           servers=self.servers_of(name))  # fmt: skip
         return " ".join(arg for arg in (self.config.minos.cmdline, layerpy.format()) if arg)
 
-    def _script(self, name: str, cmdline: str) -> str:
+    def _script(self, name: str, arch: str, cmdline: str) -> str:
+        files = f"{self.base_url}/{minos_dir(arch)}"
         return (
             "#!ipxe\n"
             f"echo layerpy: booting {name} into the minOS\n"
-            f"kernel {self.base_url}/minos/kernel initrd=minos {cmdline}\n"
-            f"initrd --name minos {self.base_url}/minos/initrd\n"
+            f"kernel {files}/kernel initrd=minos {cmdline}\n"
+            f"initrd --name minos {files}/initrd\n"
             "boot\n"
         )
 

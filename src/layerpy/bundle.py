@@ -13,14 +13,15 @@ from pathlib import Path
 
 PACKAGED = Path(__file__).resolve().parent / "bundled"
 CHECKOUT = Path(__file__).resolve().parents[2]
-CHECKOUT_MINOS = CHECKOUT / "minos" / "out"
 DEBIAN_IPXE = Path("/usr/lib/ipxe")
 FETCHED_SIGNED = Path("/var/cache/layerpy/signed")  # where vm-lab/signed-loaders.sh puts them
 
 
-def minos() -> tuple[Path, Path] | None:
-    """(kernel, initramfs) of the bundled minOS, else of the checkout's; None without."""
-    for directory in (PACKAGED / "minos", CHECKOUT_MINOS):
+def minos(arch: str = "amd64") -> tuple[Path, Path] | None:
+    """(kernel, initramfs) of the bundled minOS of a CPU architecture, else of the
+    checkout's (minos/out, minos/out-arm64); None without."""
+    suffix = "" if arch == "amd64" else f"-{arch}"
+    for directory in (PACKAGED / f"minos{suffix}", CHECKOUT / "minos" / f"out{suffix}"):
         kernel, initrd = directory / "vmlinuz", directory / "initrd"
         if kernel.is_file() and initrd.is_file():
             return kernel, initrd

@@ -567,19 +567,24 @@ MINOS_SECTION = '[minos]\nkernel = "vmlinuz"\ninitrd = "minos.img"\ncmdline = "c
 
 def test_without_minos_files_the_bundled_minos_boots(write, monkeypatch, tmp_path) -> None:
     kernel, initrd = tmp_path / "bundled-vmlinuz", tmp_path / "bundled-initrd"
-    monkeypatch.setattr(bundle, "minos", lambda: (kernel, initrd))
+    arm64 = tmp_path / "bundled-vmlinuz-arm64", tmp_path / "bundled-initrd-arm64"
+    monkeypatch.setattr(bundle, "minos", lambda arch="amd64": {"amd64": (kernel, initrd)}.get(arch))
     config = load(write(VALID.replace(MINOS_SECTION, '[minos]\ncmdline = "quiet"\n')))
     assert (config.minos.kernel, config.minos.initrd, config.minos.cmdline) == (
         kernel,
         initrd,
         "quiet",
     )
+    assert config.minos.files("arm64") is None  # arm64 firmware is then refused, with why
+    both = {"amd64": (kernel, initrd), "arm64": arm64}
+    monkeypatch.setattr(bundle, "minos", lambda arch="amd64": both[arch])
+    assert load(write(VALID.replace(MINOS_SECTION, ""))).minos.files("arm64") == arm64
     config = load(write(VALID.replace(MINOS_SECTION, "")))
     assert config.minos.kernel == kernel
 
 
 def test_without_minos_files_or_a_bundled_minos_the_file_is_refused(write, monkeypatch) -> None:
-    monkeypatch.setattr(bundle, "minos", lambda: None)
+    monkeypatch.setattr(bundle, "minos", lambda arch="amd64": None)
     with pytest.raises(ConfigError) as raised:
         load(write(VALID.replace(MINOS_SECTION, "")))
     assert [p.message for p in raised.value.problems] == [

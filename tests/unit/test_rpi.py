@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from layerpy import bundle
 from layerpy.boot import firmware_of
 from layerpy.config import ConfigError, load
 from layerpy.model import Phase
@@ -286,13 +287,17 @@ def test_parse_path(path: str, prefix: str | None, name: str) -> None:
         ('\n[nodes.pi02]\nip = "10.99.0.32"\nserial = "9ffefdef"\n', "already used by pi01"),
         ('\n[groups.pis]\nnodes = "p[1-2]"\nip = "10.99.0.[41-42]"\nserial = ["00000001"]\n',
          "has 1 entries for 2 nodes"),
-        ("\n[rpi]\n", "rpi.kernel"),
+        ("\n[rpi]\n", "rpi.kernel"),  # no kernel named, and no arm64 minOS to default to
     ],
 )  # fmt: skip
-def test_node_file_problems(make_config, pi_config, tables: str, problem: str) -> None:
+def test_node_file_problems(make_config, pi_config, monkeypatch, tables: str, problem: str) -> None:
     text = pi_config.path.read_text()
     if tables.startswith("\n[rpi]"):
         text = text.replace('[rpi]\ndir = "rpi"\nkernel = "vmlinuz"\n', '[rpi]\ndir = "rpi"\n')
+        text = text.replace(
+            '[minos.arm64]\nkernel = "vmlinuz-arm64"\ninitrd = "initrd-arm64"\n', ""
+        )
+        monkeypatch.setattr(bundle, "minos", lambda arch="amd64": None)
         tables = ""
     pi_config.path.write_text(text + tables)
     with pytest.raises(ConfigError) as raised:
@@ -366,3 +371,12 @@ def test_an_unknown_pi_boots_the_discovery_minos_from_the_pool(pi_config) -> Non
     answer(service, request(dhcp.DISCOVER, "52:54:00:00:00:02", **BIOS))
     pc = str(policy.discovery_address("52:54:00:00:00:02"))
     assert fetch(service, pc, "cmdline.txt") is None
+
+
+def test_without_kernel_and_initrd_pis_boot_the_arm64_minos(pi_config) -> None:
+    rpi = '[rpi]\ndir = "rpi"\n'
+    text = pi_config.path.read_text().replace(rpi + 'kernel = "vmlinuz"\ninitrd = "initrd"\n', rpi)
+    pi_config.path.write_text(text)
+    config = load(pi_config.path)
+    assert (config.rpi.kernel, config.rpi.initrd) == config.minos.files("arm64")
+    assert config.rpi.kernel.name == "vmlinuz-arm64"

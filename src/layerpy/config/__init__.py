@@ -131,7 +131,7 @@ def _read(r: Reader, data: dict[str, Any]) -> Config | None:
     server = boot.server(r, data, network)
     minos = boot.minos(r, data)
     ipxe = boot.ipxe(r, data, server)
-    rpi = boot.rpi(r, data)
+    rpi = boot.rpi(r, data, minos)
     api = boot.api(r, data)
     known_images = images.read(r, data)
     switches = nodes.switches(r, data)

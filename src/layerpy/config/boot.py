@@ -118,7 +118,8 @@ def network(r: Reader, data: dict[str, Any]) -> NetworkConfig | None:
 
 
 def minos(r: Reader, data: dict[str, Any]) -> MinosConfig | None:
-    """The minOS every node boots; its files must be built already."""
+    """The minOS every node boots, and the arm64 one (``[minos.arm64]``) arm64 firmware
+    gets; their files must be built already. Named files, else the bundled ones."""
 
     def built(value: str) -> Path:
         path = r.path(value)
@@ -126,15 +127,24 @@ def minos(r: Reader, data: dict[str, Any]) -> MinosConfig | None:
             raise ValueError(f"{path} {why} (build the minOS with minos/build.sh)")
         return path
 
-    table = r.table(data, "minos", {"kernel", "initrd", "cmdline"})
-    get = r.getter(table, "minos")
-    kernel, initrd = get("kernel", str, built), get("initrd", str, built)
-    cmdline = get("cmdline", str, default="")
-    if "kernel" in table or "initrd" in table:
+    def files(table: dict[str, Any], prefix: str) -> tuple[Path, Path] | None:
+        get = r.getter(table, prefix)
+        kernel, initrd = get("kernel", str, built), get("initrd", str, built)
         for key in ("kernel", "initrd"):
             if key not in table:
-                r.problem(f"minos.{key}", "missing: name the kernel and the initrd, or neither")
-        return MinosConfig(kernel, initrd, cmdline) if kernel and initrd else None
+                r.problem(f"{prefix}.{key}", "missing: name the kernel and the initrd, or neither")
+        return (kernel, initrd) if kernel and initrd else None
+
+    table = r.table(data, "minos", {"kernel", "initrd", "cmdline", "arm64"})
+    cmdline = r.getter(table, "minos")("cmdline", str, default="")
+    arm64_table = table.get("arm64", {})
+    if not r.is_table(arm64_table, "minos.arm64"):
+        arm64_table = {}
+    r.unknown_keys(arm64_table, "minos.arm64", {"kernel", "initrd"})
+    arm64 = files(arm64_table, "minos.arm64") if arm64_table else bundle.minos("arm64")
+    if "kernel" in table or "initrd" in table:
+        named = files(table, "minos")
+        return MinosConfig(*named, cmdline, arm64) if named else None
     bundled = bundle.minos()
     if bundled is None:
         r.problem(
@@ -143,12 +153,13 @@ def minos(r: Reader, data: dict[str, Any]) -> MinosConfig | None:
             "with minos/build.sh, or use layerpy.pyz, which carries one)",
         )
         return None
-    return MinosConfig(*bundled, cmdline)
+    return MinosConfig(*bundled, cmdline, arm64)
 
 
-def rpi(r: Reader, data: dict[str, Any]) -> RpiConfig | None:
+def rpi(r: Reader, data: dict[str, Any], minos: MinosConfig | None) -> RpiConfig | None:
     """Raspberry Pi network boot, when the file has [rpi]: the firmware directory (filled by
-    vm-lab/rpi-firmware.sh, or by hand) and the arm64 minOS's kernel and initramfs."""
+    vm-lab/rpi-firmware.sh, or by hand) and the kernel and initramfs Pis boot (by default
+    the arm64 minOS of [minos.arm64])."""
     if "rpi" not in data:
         return None
 
@@ -173,8 +184,14 @@ def rpi(r: Reader, data: dict[str, Any]) -> RpiConfig | None:
             directory = firmware(RPI_DIR)
         except ValueError as error:
             r.problem("rpi.dir", f"(default) {error}")
-    kernel = get("kernel", str, present, required=True)
-    initrd = get("initrd", str, present, required=True)
+    arm64 = minos.arm64 if minos is not None else None
+    kernel = get("kernel", str, present, default=arm64 and arm64[0])
+    initrd = get("initrd", str, present, default=arm64 and arm64[1])
+    if arm64 is None and not (kernel and initrd):
+        for key in ("kernel", "initrd"):
+            if key not in table:
+                r.problem(f"rpi.{key}", "missing, and there is no arm64 minOS to default to "
+                          "(build one: minos/build.sh --arch arm64)")  # fmt: skip
     cmdline = get("cmdline", str, values.command_line, default="")
     config = get("config", str, default="")
     if directory is None or kernel is None or initrd is None:

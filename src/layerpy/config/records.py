@@ -118,9 +118,16 @@ class NetworkConfig:
 
 @dataclass(frozen=True)
 class MinosConfig:
+    """The minOS nodes boot: the x86-64 one, and the arm64 one arm64 firmware gets."""
+
     kernel: Path
     initrd: Path
     cmdline: str = ""
+    arm64: tuple[Path, Path] | None = None  # (kernel, initrd) of the arm64 minOS, if any
+
+    def files(self, arch: str) -> tuple[Path, Path] | None:
+        """(kernel, initrd) of the minOS for a CPU architecture (MINOS_ARCHES), if there is one."""
+        return (self.kernel, self.initrd) if arch == "amd64" else self.arm64
 
 
 @dataclass(frozen=True)
@@ -131,6 +138,8 @@ class IpxeConfig:
     arm64: str | None = None  # no arm64 binary unless the file names one
 
 
+# The CPU architectures a minOS is built for (minos/build.sh --arch), in Debian's names.
+MINOS_ARCHES = ("amd64", "arm64")
 # The EFI architectures of Debian's signed loaders, by shim's own name for each: shim
 # loads "grub<arch>.efi" from the directory it was loaded from.
 EFI_ARCHES = ("x64", "aa64")
