@@ -658,9 +658,8 @@ class BootPolicy:
         if not signed.has(kind.efi_arch):
             missing = f"{signed.shim(kind.efi_arch)} and {signed.grub(kind.efi_arch)}"
             return f"firmware {kind.name}: no {missing} in {signed.directory} (signed.dir)"
-        if kind.http:  # Debian 12's signed GRUB has no HTTP: it could not load its config
-            return (f"firmware {kind.name}: UEFI HTTP boot, but the signed GRUB loads by TFTP "
-                    "only; let the machine boot by PXE")  # fmt: skip
+        if kind.http:
+            return {"bootfile": f"{self.base_url}/signed/{signed.shim(kind.efi_arch)}"}
         return {"bootfile": signed.shim(kind.efi_arch), "next_server": self.config.server.address}
 
     def script_url(self, node: Node) -> str:

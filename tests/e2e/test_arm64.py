@@ -14,6 +14,7 @@ timeouts that say what they waited for.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import replace
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import Lab
+from lab import Lab, VmSpec
 from oci import BUSYBOX, build_multiarch, debian_busybox
 from session import MACHINES, LabSession, lab_text
 
@@ -44,12 +45,20 @@ def arm64_busybox(into: Path) -> Path:
     return path
 
 
+# arm64 servers booting by their own UEFI (AAVMF): PXE (arch 11) and HTTP boot (arch 19)
+BY_NETWORK = {
+    "uefi-pxe": VmSpec("arm002", "52:54:00:99:00:22", "uefi-pxe", arch="arm64", memory_mb=512),
+    "uefi-http": VmSpec("arm003", "52:54:00:99:00:23", "uefi-http", arch="arm64", memory_mb=512),
+}
+
+
 def node_file(run_dir: Path, layout: Path) -> Path:
-    """The lab's node file plus the arm64 node (no BMC: QEMU is started by the test)."""
+    """The lab's node file plus the arm64 nodes (no BMC: QEMU is started by the test)."""
+    macs = [MACHINES[NODE].mac, *(spec.mac for spec in BY_NETWORK.values())]
     text = lab_text() + (
         f'\n[images.multi]\nsource = "oci-layout:{layout}:latest"\n'
-        f'\n[groups.arm]\nnodes = "{NODE}"\nip = "{IP}"\nmac = ["{MACHINES[NODE].mac}"]\n'
-        'image = "multi"\n'
+        f'\n[groups.arm]\nnodes = "arm[001-003]"\nip = "10.99.0.[21-23]"\n'
+        f'mac = {json.dumps(macs)}\nimage = "multi"\n'
     )
     path = run_dir / "nodes.toml"
     path.write_text(text)
@@ -105,3 +114,35 @@ def test_arm64_node_boots_the_arm64_minos_to_ready_and_runs_its_image(arm_lab) -
     assert images["multi", "linux/arm64/v8"]["digest"] == digests["arm64"]
     assert images["multi", "linux/amd64"]["digest"] == digests["amd64"]
     print(f"\n{NODE}: QEMU start to ready {ready:.1f} s, to its arm64 image active {active:.1f} s")
+
+
+@pytest.mark.parametrize("firmware", list(BY_NETWORK))
+def test_arm64_uefi_boots_by_the_network_to_ready(arm_lab, firmware: str) -> None:
+    """AAVMF's own PXE or HTTP boot: DHCP gives Debian's signed arm64 shim (Debian ships no
+    arm64 iPXE), shim loads the signed GRUB beside it, GRUB its config from layerpy, which
+    names the arm64 minOS because the node's firmware said arch 11 or 19 (option 93)."""
+    session, digests = arm_lab
+    spec = BY_NETWORK[firmware]
+    started = time.monotonic()
+    vm = session.lab.add_vm(spec)
+
+    def tail() -> str:
+        return vm.serial_log.read_text(errors="replace")[-3000:]
+
+    assert vm.wait_serial(rf"layerpy: booting {spec.name} into the minOS", 600), (
+        f"AAVMF's {firmware} loading shim, shim GRUB, GRUB its config from layerpy:\n{tail()}"
+    )
+    ready = session.wait_state([spec.name], "ready", timeout=900)
+    node = session.nodes()[spec.name]
+    assert node["agent"]["platform"] == "linux/arm64/v8", node
+    assert node["boot"]["firmware"] == {"uefi-pxe": "uefi-arm64"}.get(firmware, "uefi-arm64-http")
+
+    def running_arm64() -> bool:
+        image = session.nodes()[spec.name]["image"]
+        return image["state"] == "active" and image["digest"] == digests["arm64"]
+
+    session.wait(running_arm64, 600, f"{spec.name} running the arm64 image")
+    took = time.monotonic() - started
+    print(
+        f"\n{spec.name} ({firmware}): QEMU start to ready {ready:.1f} s, image active {took:.1f} s"
+    )
