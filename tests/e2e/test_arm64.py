@@ -62,6 +62,7 @@ SIGNED = "uefi-pxe-signed"
 def arm64_ipxe() -> Path:
     """The lab's arm64 iPXE binary ([ipxe] of configs/lab.toml), or skip without it."""
     table = tomllib.loads(lab_text())["ipxe"]
+    assert "arm64" in table, "configs/lab.toml: [ipxe] names no arm64 binary"
     binary = Path(table["dir"]) / table["arm64"]
     if not binary.is_file():
         pytest.skip(f"no arm64 iPXE {binary}: run vm-lab/ipxe-arm64.sh (vm-lab/setup.sh does)")
