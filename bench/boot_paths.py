@@ -54,23 +54,23 @@ def paths() -> list[BootPath]:
 
     direct = REPO / "minos" / "out-arm64"
     return [
-        BootPath("p_bios", "x86-64 BIOS (SeaBIOS), NIC's iPXE ROM", vm("p_bios", 0x41, "bios")),
-        BootPath("p_uefi", "x86-64 UEFI (OVMF), NIC's iPXE ROM", vm("p_uefi", 0x42, "uefi")),
-        BootPath("p_pxe", "x86-64 UEFI PXE -> snponly.efi", vm("p_pxe", 0x43, "uefi-pxe")),
-        BootPath("p_http", "x86-64 UEFI HTTP -> snponly.efi", vm("p_http", 0x44, "uefi-http")),
+        BootPath("pbios", "x86-64 BIOS (SeaBIOS), NIC's iPXE ROM", vm("pbios", 0x41, "bios")),
+        BootPath("puefi", "x86-64 UEFI (OVMF), NIC's iPXE ROM", vm("puefi", 0x42, "uefi")),
+        BootPath("ppxe", "x86-64 UEFI PXE -> snponly.efi", vm("ppxe", 0x43, "uefi-pxe")),
+        BootPath("phttp", "x86-64 UEFI HTTP -> snponly.efi", vm("phttp", 0x44, "uefi-http")),
         BootPath(
-            "p_sb",
+            "psb",
             "x86-64 Secure Boot: shim -> GRUB -> signed kernel",
-            vm("p_sb", 0x45, "uefi-sb"),
+            vm("psb", 0x45, "uefi-sb"),
             secure_boot=True,
         ),
-        BootPath("p_a_pxe", "arm64 UEFI PXE (AAVMF)", vm("p_a_pxe", 0x46, "uefi-pxe", "arm64")),
-        BootPath("p_a_http", "arm64 UEFI HTTP (AAVMF)", vm("p_a_http", 0x47, "uefi-http", "arm64")),
+        BootPath("papxe", "arm64 UEFI PXE (AAVMF)", vm("papxe", 0x46, "uefi-pxe", "arm64")),
+        BootPath("pahttp", "arm64 UEFI HTTP (AAVMF)", vm("pahttp", 0x47, "uefi-http", "arm64")),
         BootPath(
-            "p_a_dir",
+            "padir",
             "arm64, QEMU loads the minOS (no loader)",
             replace(
-                vm("p_a_dir", 0x48, "direct", "arm64"),
+                vm("padir", 0x48, "direct", "arm64"),
                 kernel=direct / "vmlinuz",
                 initrd=direct / "initrd",
             ),
@@ -105,11 +105,11 @@ def direct_append(session: LabSession, path: BootPath, address: str) -> str:
 
 def boot(session: LabSession, path: BootPath, address: str) -> float | None:
     """Seconds from QEMU's start to the node's ready; None past TIMEOUT."""
+    before = session.nodes()[path.name]["boots"]  # ready again: a later boot's
     spec = path.spec
+    started = time.monotonic()  # a direct boot's script fetch is its loader's part
     if spec.firmware == "direct":
         spec = replace(spec, append=direct_append(session, path, address))
-    before = session.nodes()[path.name]["boots"]  # ready again: a later boot's
-    started = time.monotonic()
     vm = session.lab.add_vm(spec)
     try:
         while time.monotonic() < started + TIMEOUT:
