@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,7 @@ from layerpy.client import Client, ClientError
 from headnode import copy_into, root, wait_for
 from lab import Lab, VmSpec
 
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(
@@ -47,6 +49,15 @@ cmdline = "console=ttyS0"
 ip = "10.99.0.11"
 mac = "52:54:00:99:00:11"
 """
+
+
+# Boot files the server in the bare root serves from the pyz alone, and where they came from
+CARRIED = {
+    "minos/arm64/kernel": REPO / "minos" / "out-arm64" / "vmlinuz",
+    "minos/arm64/initrd": REPO / "minos" / "out-arm64" / "initrd",
+    "signed/shimaa64.efi": Path("/var/cache/layerpy/signed/shimaa64.efi"),
+    "signed/grubx64.efi": Path("/var/cache/layerpy/signed/grubx64.efi"),
+}
 
 
 def test_the_pyz_alone_boots_a_node_to_ready(tmp_path, pyz) -> None:
@@ -82,6 +93,10 @@ def test_the_pyz_alone_boots_a_node_to_ready(tmp_path, pyz) -> None:
             shown = subprocess.run([*socket, "http://layerpy/metrics"], capture_output=True,
                                    text=True).stdout  # fmt: skip
             assert 'layerpy_nodes_run{state="ready"} 1.0' in shown.splitlines()  # and prometheus
+            for served, source in CARRIED.items():  # the arm64 and signed boot files too
+                fetched = tmp_path / "fetched"
+                lab.run(["curl", "-sf", "-o", str(fetched), f"http://{lab.address}:8080/{served}"])
+                assert fetched.read_bytes() == source.read_bytes(), f"{served} is not {source}"
         finally:
             if server.poll() is None:
                 os.killpg(server.pid, signal.SIGTERM)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from layerpy import bundle
 from layerpy.client import Client
-from layerpy.config.boot import RPI_DIR
 from layerpy.proto.agent import Cmdline
 
 from netns import Link
@@ -74,7 +74,7 @@ def wait(condition, timeout: float, what: str, log: Path) -> float:
 
 
 def test_a_pi_boots_the_arm64_minos_that_tftp_served(tmp_path: Path) -> None:
-    if not (MINOS / "vmlinuz").exists() or not Path(RPI_DIR, "start4.elf").exists():
+    if not (MINOS / "vmlinuz").exists() or not (bundle.rpi_dir() / "start4.elf").exists():
         pytest.skip("no arm64 minOS or Pi firmware: minos/build.sh --arch arm64, rpi-firmware.sh")
     (tmp_path / "ipxe").mkdir()
     for name in ("undionly.kpxe", "snponly.efi"):

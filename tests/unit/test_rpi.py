@@ -319,9 +319,9 @@ def test_rpi_dir_by_default(pi_config, monkeypatch) -> None:
     """No `dir`: the set-up script's directory, checked as if it were written."""
     text = pi_config.path.read_text().replace('[rpi]\ndir = "rpi"\n', "[rpi]\n")
     pi_config.path.write_text(text)
-    monkeypatch.setattr("layerpy.config.boot.RPI_DIR", str(pi_config.rpi.directory))
+    monkeypatch.setattr(bundle, "rpi_dir", lambda: pi_config.rpi.directory)
     assert load(pi_config.path).rpi.directory == pi_config.rpi.directory
-    monkeypatch.setattr("layerpy.config.boot.RPI_DIR", str(pi_config.path.parent / "none"))
+    monkeypatch.setattr(bundle, "rpi_dir", lambda: pi_config.path.parent / "none")
     with pytest.raises(ConfigError, match=r"rpi\.dir: \(default\) .*none has no start4"):
         load(pi_config.path)
 

@@ -97,7 +97,7 @@ def test_other_nodes_keep_ipxe(make_config) -> None:
     [
         (IPXE, "iPXE asks, but the node has secure_boot = true: it gets the signed path only"),
         (BIOS, "firmware bios: no signed loader runs on it (secure_boot needs UEFI)"),
-        (HTTP_BOOT, "firmware uefi-http: UEFI HTTP boot, but the signed GRUB loads by TFTP only"),
+        (HTTP_BOOT, "firmware uefi-http: UEFI HTTP boot, but Debian 12's signed GRUB, started"),
         (ARM64, "firmware uefi-arm64: no shimaa64.efi and grubaa64.efi in "),
     ],
 )

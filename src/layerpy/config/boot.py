@@ -27,8 +27,6 @@ from layerpy.config.records import (
 )
 from layerpy.proto.agent import HEARTBEAT
 
-RPI_DIR = "/var/cache/layerpy/rpi"  # where vm-lab/rpi-firmware.sh puts the Pi firmware
-
 
 def server(r: Reader, data: dict[str, Any], network: NetworkConfig | None) -> ServerConfig | None:
     """Where the server listens and whether it answers DHCP; its address lies in the network."""
@@ -181,7 +179,7 @@ def rpi(r: Reader, data: dict[str, Any], minos: MinosConfig | None) -> RpiConfig
     directory = get("dir", str, firmware)
     if "dir" not in table:  # a default is not converted: check it as if it were written
         try:
-            directory = firmware(RPI_DIR)
+            directory = firmware(str(bundle.rpi_dir()))
         except ValueError as error:
             r.problem("rpi.dir", f"(default) {error}")
     arm64 = minos.arm64 if minos is not None else None

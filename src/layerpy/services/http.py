@@ -21,7 +21,6 @@ from aiohttp.abc import AbstractStreamWriter
 
 from layerpy.boot import MINOS_FILES, Booter, Refused, SignedOnly
 from layerpy.catalog import Catalog
-from layerpy.config.records import EFI_ARCHES
 from layerpy.logs import Throttle
 from layerpy.model import Phase
 from layerpy.nodes import DISCOVERY, ReportRejected
@@ -105,7 +104,6 @@ def build_app(
             web.get("/boot/{name}.ipxe", boot_script),
             web.get("/boot/discover/{mac}.ipxe", discovery_script),
             web.get("/ipxe/{file}", ipxe_file),
-            web.get("/signed/{file:/?[^/]+}", signed_file),  # shim asks for //grubaa64.efi
             *(web.get(f"/{name}", minos_file) for name in MINOS_FILES),
             web.post(REPORT_PATH, agent_report),
             web.get("/images/{digest}/{file}", image_file),
@@ -187,18 +185,6 @@ async def ipxe_file(request: web.Request) -> QueuedFile:
         raise web.HTTPNotFound(text=f"no iPXE binary {printable(name, 64)} here\n")
     booter.fetched(request.remote or "", Phase.TFTP)
     return QueuedFile(ipxe.directory / name)
-
-
-async def signed_file(request: web.Request) -> QueuedFile:
-    """Debian's signed shim or GRUB, for UEFI HTTP boot: shim fetches GRUB beside itself,
-    its URL's directory and its own default loader name, which begins with a slash."""
-    booter = request.app[BOOTER]
-    name = request.match_info["file"].lstrip("/")
-    signed = booter.config.signed
-    if name not in {f(arch) for arch in EFI_ARCHES for f in (signed.shim, signed.grub)}:
-        raise web.HTTPNotFound(text=f"no signed loader {printable(name, 64)} here\n")
-    booter.fetched(request.remote or "", Phase.TFTP)
-    return QueuedFile(signed.directory / name)
 
 
 async def minos_file(request: web.Request) -> QueuedFile:
