@@ -45,23 +45,28 @@ apt_opts=(-o "Dir::Etc::sourcelist=$STATE/sources.list" -o "Dir::Etc::sourcepart
     -o "Dir::State=$STATE" -o "Dir::State::Lists=$STATE/lists" -o "Dir::State::status=$STATE/status"
     -o "Dir::Cache=$STATE/cache" -o APT::Sandbox::User=root)
 
-uris=$(apt-get "${apt_opts[@]}" download --print-uris ipxe 2>/dev/null) || {
-    apt-get "${apt_opts[@]}" update -qq >&2 || die "apt-get update of $SUITE failed"
-    uris=$(apt-get "${apt_opts[@]}" download --print-uris ipxe)
-} || die "apt-get download --print-uris ipxe ($SUITE) failed"
-read -r _ file _ sha <<<"$uris"
-sha=${sha#SHA256:}
-[[ "$file" == ipxe_*_all.deb && ${#sha} = 64 ]] || die "unexpected apt-get output: $uris"
+update() { apt-get "${apt_opts[@]}" update -qq >&2 || die "apt-get update of $SUITE failed"; }
+resolve() { # sets file and sha: the .deb apt's lists name (no lists yet: fetch them first)
+    local uris
+    uris=$(apt-get "${apt_opts[@]}" download --print-uris ipxe 2>/dev/null) || {
+        update
+        uris=$(apt-get "${apt_opts[@]}" download --print-uris ipxe)
+    } || die "apt-get download --print-uris ipxe ($SUITE) failed"
+    read -r _ file _ sha <<<"$uris"
+    sha=${sha#SHA256:}
+    [[ "$file" == ipxe_*_all.deb && ${#sha} = 64 ]] || die "unexpected apt-get output: $uris"
+}
+cached() { [ -f "$DEBS/$file" ] && [ "$(sha256sum <"$DEBS/$file" | cut -c1-64)" = "$sha" ]; }
+download() { (cd "$DEBS" && apt-get "${apt_opts[@]}" download -q ipxe >&2) && cached; }
 
+resolve
 stamp="$file $sha host-ipxe=$host"
 if [ "$(cat "$OUT/.stamp" 2>/dev/null)" = "$stamp" ] && [ -f "$OUT/$ARM64" ]; then
     log "up to date: $OUT ($file, host ipxe $host)"
     exit 0
 fi
-if [ ! -f "$DEBS/$file" ] || [ "$(sha256sum <"$DEBS/$file" | cut -c1-64)" != "$sha" ]; then
-    (cd "$DEBS" && apt-get "${apt_opts[@]}" download -q ipxe >&2) || die "apt-get download ipxe ($SUITE) failed"
-fi
-[ "$(sha256sum <"$DEBS/$file" | cut -c1-64)" = "$sha" ] || die "$file: sha256 mismatch"
+# lists older than the archive name a .deb it no longer has: once more with fresh lists
+cached || download || { update && resolve && download; } || die "apt-get download ipxe ($SUITE) failed"
 
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
@@ -72,5 +77,5 @@ mv "$OUT/.$ARM64.new" "$OUT/$ARM64"
 # the host's x86 binaries (regular files only: TFTP serves nothing that links outside)
 find -L "$HOST_IPXE" -maxdepth 1 -type f \( -name '*.efi' -o -name '*.kpxe' -o -name '*.kkpxe' -o -name '*.pxe' \) \
     -exec install -m 0644 -t "$OUT" {} +
-echo "$stamp" >"$OUT/.stamp"
+echo "$file $sha host-ipxe=$host" >"$OUT/.stamp"
 log "$OUT: $ARM64 from $file ($(stat -c %s "$OUT/$ARM64") bytes), x86 binaries of ipxe $host"
