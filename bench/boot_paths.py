@@ -64,8 +64,12 @@ def paths() -> list[BootPath]:
             vm("psb", 0x45, "uefi-sb"),
             secure_boot=True,
         ),
-        BootPath("papxe", "arm64 UEFI PXE (AAVMF)", vm("papxe", 0x46, "uefi-pxe", "arm64")),
-        BootPath("pahttp", "arm64 UEFI HTTP (AAVMF)", vm("pahttp", 0x47, "uefi-http", "arm64")),
+        BootPath(
+            "papxe", "arm64 UEFI PXE -> ipxe-arm64.efi", vm("papxe", 0x46, "uefi-pxe", "arm64")
+        ),
+        BootPath(
+            "pahttp", "arm64 UEFI HTTP -> ipxe-arm64.efi", vm("pahttp", 0x47, "uefi-http", "arm64")
+        ),
         BootPath(
             "padir",
             "arm64, QEMU loads the minOS (no loader)",

@@ -140,6 +140,8 @@ def qemu_command(spec: VmSpec, run_dir: Path) -> list[str]:
     if spec.firmware == "uefi-http":  # OVMF's boot entries: HTTPv4 only, no PXE, no IPv6
         cmd += ["-fw_cfg", "name=opt/org.tianocore/IPv4PXESupport,string=no"]
         cmd += ["-fw_cfg", "name=opt/org.tianocore/IPv6Support,string=no"]
+        # AAVMF keeps its PXEv6 entry (a minute's wait for no DHCPv6) without this one
+        cmd += ["-fw_cfg", "name=opt/org.tianocore/IPv6PXESupport,string=no"]
     if spec.firmware == "uefi-sb":  # the variable store writable from SMM only
         cmd += ["-global", "driver=cfi.pflash01,property=secure,value=on"]
     if (code := uefi_files(spec)) is not None:

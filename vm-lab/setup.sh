@@ -27,7 +27,11 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
 fi
 
 # Debian's signed shim and GRUB netboot image, for the Secure Boot path (docs/secure-boot.md)
-vm-lab/signed-loaders.sh
+# of x86-64 and arm64 UEFI
+vm-lab/signed-loaders.sh amd64 arm64
+
+# The lab's [ipxe] dir: Debian 12's x86 iPXE binaries and Debian 13's arm64 one
+vm-lab/ipxe-arm64.sh
 
 minos/build.sh
 minos/build.sh --arch arm64

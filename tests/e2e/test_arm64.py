@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import tomllib
 from dataclasses import replace
 from pathlib import Path
 
@@ -46,10 +47,26 @@ def arm64_busybox(into: Path) -> Path:
 
 
 # arm64 servers booting by their own UEFI (AAVMF): PXE (arch 11) and HTTP boot (arch 19)
+# load the lab's arm64 iPXE ([ipxe] arm64); a node with secure_boot = true gets Debian's
+# signed shim and GRUB instead, by PXE only (GRUB has no HTTP)
 BY_NETWORK = {
     "uefi-pxe": VmSpec("arm002", "52:54:00:99:00:22", "uefi-pxe", arch="arm64", memory_mb=512),
     "uefi-http": VmSpec("arm003", "52:54:00:99:00:23", "uefi-http", arch="arm64", memory_mb=512),
+    "uefi-pxe-signed": VmSpec(
+        "arm004", "52:54:00:99:00:24", "uefi-pxe", arch="arm64", memory_mb=512
+    ),
 }
+SIGNED = "uefi-pxe-signed"
+
+
+def arm64_ipxe() -> Path:
+    """The lab's arm64 iPXE binary ([ipxe] of configs/lab.toml), or skip without it."""
+    table = tomllib.loads(lab_text())["ipxe"]
+    assert "arm64" in table, "configs/lab.toml: [ipxe] names no arm64 binary"
+    binary = Path(table["dir"]) / table["arm64"]
+    if not binary.is_file():
+        pytest.skip(f"no arm64 iPXE {binary}: run vm-lab/ipxe-arm64.sh (vm-lab/setup.sh does)")
+    return binary
 
 
 def node_file(run_dir: Path, layout: Path) -> Path:
@@ -57,8 +74,9 @@ def node_file(run_dir: Path, layout: Path) -> Path:
     macs = [MACHINES[NODE].mac, *(spec.mac for spec in BY_NETWORK.values())]
     text = lab_text() + (
         f'\n[images.multi]\nsource = "oci-layout:{layout}:latest"\n'
-        f'\n[groups.arm]\nnodes = "arm[001-003]"\nip = "10.99.0.[21-23]"\n'
+        f'\n[groups.arm]\nnodes = "arm[001-004]"\nip = "10.99.0.[21-24]"\n'
         f'mac = {json.dumps(macs)}\nimage = "multi"\n'
+        f"\n[nodes.{BY_NETWORK[SIGNED].name}]\nsecure_boot = true\n"
     )
     path = run_dir / "nodes.toml"
     path.write_text(text)
@@ -83,6 +101,7 @@ def boot_arguments(lab: Lab) -> str:
 def arm_lab(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("arm64", numbered=True)
     busyboxes = {"amd64": BUSYBOX, "arm64": arm64_busybox(tmp)}
+    arm64_ipxe()  # the lab's node file names it: no lab without it
     digests = build_multiarch(tmp / "multi", busyboxes, COMMAND)
     session = LabSession(tmp / "lab", node_file(tmp, tmp / "multi"))
     yield session, digests
@@ -118,9 +137,11 @@ def test_arm64_node_boots_the_arm64_minos_to_ready_and_runs_its_image(arm_lab) -
 
 @pytest.mark.parametrize("firmware", list(BY_NETWORK))
 def test_arm64_uefi_boots_by_the_network_to_ready(arm_lab, firmware: str) -> None:
-    """AAVMF's own PXE or HTTP boot: DHCP gives Debian's signed arm64 shim (Debian ships no
-    arm64 iPXE), shim loads the signed GRUB beside it, GRUB its config from layerpy, which
-    names the arm64 minOS because the node's firmware said arch 11 or 19 (option 93)."""
+    """AAVMF's own PXE or HTTP boot: DHCP gives the lab's arm64 iPXE (by TFTP, or by its
+    http:// URL), which runs on the firmware's network driver (SNP) and loads the node's
+    boot script; or, for a secure_boot node, Debian's signed arm64 shim, which loads the
+    signed GRUB beside it, GRUB its config from layerpy. Script and config name the arm64
+    minOS because the node's firmware said arch 11 or 19 (option 93)."""
     session, digests = arm_lab
     spec = BY_NETWORK[firmware]
     started = time.monotonic()
@@ -129,14 +150,18 @@ def test_arm64_uefi_boots_by_the_network_to_ready(arm_lab, firmware: str) -> Non
     def tail() -> str:
         return vm.serial_log.read_text(errors="replace")[-3000:]
 
+    signed = firmware == SIGNED
+    loader = "shim, shim GRUB, GRUB its config" if signed else "iPXE arm64, iPXE its script"
     assert vm.wait_serial(rf"layerpy: booting {spec.name} into the minOS", 600), (
-        f"AAVMF's {firmware} loading shim, shim GRUB, GRUB its config from layerpy:\n{tail()}"
+        f"AAVMF's {spec.firmware} loading {loader} from layerpy:\n{tail()}"
     )
+    ipxe = "using SNP on SNP-" in vm.serial_log.read_text(errors="replace")
+    assert ipxe != signed, f"{loader} expected:\n{tail()}"
     session.wait_state([spec.name], "ready", timeout=900)
     ready = time.monotonic() - started
     node = session.nodes()[spec.name]
     assert node["agent"]["platform"] == "linux/arm64/v8", node
-    assert node["boot"]["firmware"] == {"uefi-pxe": "uefi-arm64"}.get(firmware, "uefi-arm64-http")
+    assert node["boot"]["firmware"] == {"uefi-http": "uefi-arm64-http"}.get(firmware, "uefi-arm64")
 
     def running_arm64() -> bool:
         image = session.nodes()[spec.name]["image"]
