@@ -6,13 +6,14 @@ nothing else installed, carrying everything a boot needs.
 
 It is a shiv zipapp (shiv, from the venv): the layerpy package with, under
 ``layerpy/bundled/``, every boot file of docs/hardware.md's table: the x86-64 and arm64
-minOS (minos/out and minos/out-arm64, built first if missing), Debian's x86 iPXE binaries,
-Debian's signed shim and GRUB for x86-64 and arm64 and the Raspberry Pi firmware (both
-fetched first if missing, by vm-lab/signed-loaders.sh and vm-lab/rpi-firmware.sh), and
-(setup.py's build step) systemd/, the unit and sysusers.d line ``layerpy install`` writes;
-plus the dependencies' wheels for this platform (CPython 3.11, x86-64 Linux: what Debian
-12 runs). On its first start it unpacks itself to $SHIV_ROOT (default ~/.shiv; the
-systemd unit points it at the cache directory). Prints the size of the file and of each part.
+minOS (minos/out and minos/out-arm64, built first if missing), Debian's iPXE binaries
+(x86 and arm64, as vm-lab/ipxe-arm64.sh gathers them), Debian's signed shim and GRUB for
+x86-64 and arm64 and the Raspberry Pi firmware (fetched first if missing, by the vm-lab/
+scripts), and (setup.py's build step) systemd/, the unit and sysusers.d line ``layerpy
+install`` writes; plus the dependencies' wheels for this platform (CPython 3.11, x86-64
+Linux: what Debian 12 runs). On its first start it unpacks itself to $SHIV_ROOT (default
+~/.shiv; the systemd unit points it at the cache directory). Prints the size of the file
+and of each part.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("LAYERPY_CACHE", "/var/cache/layerpy"))
-IPXE_FILES = ("undionly.kpxe", "ipxe.pxe", "snponly.efi", "ipxe.efi")  # BIOS and x86-64 UEFI
+# BIOS, x86-64 UEFI (Debian 12's) and arm64 UEFI (Debian 13's), as vm-lab/ipxe-arm64.sh puts them
+IPXE_FILES = ("undionly.kpxe", "ipxe.pxe", "snponly.efi", "ipxe.efi", "ipxe-arm64.efi")
 SIGNED_FILES = ("shimx64.efi", "grubx64.efi", "shimaa64.efi", "grubaa64.efi")
 SHIV = Path(sys.executable).with_name("shiv")
 
@@ -37,7 +39,8 @@ SHIV = Path(sys.executable).with_name("shiv")
 class Part:
     """Boot files the pyz carries: where they come from, the names taken (None: the whole
     directory), the bundled/ directory they go to (bundle.py reads them there), and the
-    command that makes them when they are missing."""
+    command that makes them when they are missing (ipxe-arm64.sh needs Debian's ipxe
+    package for the x86 ones: vm-lab/setup.sh installs it)."""
 
     label: str
     source: Path
@@ -55,7 +58,7 @@ PARTS = (
          ("minos/build.sh",)),
     Part("minOS arm64", REPO / "minos" / "out-arm64", ("vmlinuz", "initrd"), "minos-arm64",
          ("minos/build.sh", "--arch", "arm64")),
-    Part("iPXE", Path("/usr/lib/ipxe"), IPXE_FILES, "ipxe", ()),  # apt-get install ipxe
+    Part("iPXE", CACHE / "ipxe", IPXE_FILES, "ipxe", ("vm-lab/ipxe-arm64.sh",)),
     Part("signed", CACHE / "signed", SIGNED_FILES, "signed",
          ("vm-lab/signed-loaders.sh", "amd64", "arm64")),
     Part("Pi firmware", CACHE / "rpi", None, "rpi", ("vm-lab/rpi-firmware.sh",)),
@@ -95,10 +98,6 @@ def main() -> int:
     if not SHIV.exists():
         sys.exit(f"pyz: needs shiv in the venv ({SHIV}); vm-lab/setup.sh installs it")
     for part in (part for part in PARTS if part.missing()):
-        if not part.make:
-            sys.exit(
-                f"pyz: {part.source} lacks {', '.join(part.names or ())} (apt-get install ipxe)"
-            )
         subprocess.run([str(REPO / part.make[0]), *part.make[1:]], check=True)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="layerpy-pyz-") as tmp:

@@ -23,6 +23,7 @@ from headnode import copy_into, root, wait_for
 from lab import Lab, VmSpec
 
 REPO = Path(__file__).resolve().parents[2]
+CACHE = Path("/var/cache/layerpy")
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(
@@ -51,12 +52,14 @@ mac = "52:54:00:99:00:11"
 """
 
 
-# Boot files the server in the bare root serves from the pyz alone, and where they came from
+# Boot files the server in the bare root serves from the pyz alone (by HTTP, or TFTP for
+# what only the signed path fetches), and where they came from
 CARRIED = {
-    "minos/arm64/kernel": REPO / "minos" / "out-arm64" / "vmlinuz",
-    "minos/arm64/initrd": REPO / "minos" / "out-arm64" / "initrd",
-    "signed/shimaa64.efi": Path("/var/cache/layerpy/signed/shimaa64.efi"),
-    "signed/grubx64.efi": Path("/var/cache/layerpy/signed/grubx64.efi"),
+    "http://10.99.0.1:8080/minos/arm64/kernel": REPO / "minos" / "out-arm64" / "vmlinuz",
+    "http://10.99.0.1:8080/minos/arm64/initrd": REPO / "minos" / "out-arm64" / "initrd",
+    "http://10.99.0.1:8080/ipxe/ipxe-arm64.efi": CACHE / "ipxe" / "ipxe-arm64.efi",
+    "tftp://10.99.0.1/shimaa64.efi": CACHE / "signed" / "shimaa64.efi",
+    "tftp://10.99.0.1/grubx64.efi": CACHE / "signed" / "grubx64.efi",
 }
 
 
@@ -95,7 +98,7 @@ def test_the_pyz_alone_boots_a_node_to_ready(tmp_path, pyz) -> None:
             assert 'layerpy_nodes_run{state="ready"} 1.0' in shown.splitlines()  # and prometheus
             for served, source in CARRIED.items():  # the arm64 and signed boot files too
                 fetched = tmp_path / "fetched"
-                lab.run(["curl", "-sf", "-o", str(fetched), f"http://{lab.address}:8080/{served}"])
+                lab.run(["curl", "-sf", "-o", str(fetched), served])
                 assert fetched.read_bytes() == source.read_bytes(), f"{served} is not {source}"
         finally:
             if server.poll() is None:

@@ -554,3 +554,12 @@ def test_a_nodes_agent_is_given_its_owner_first(make_config) -> None:
     assert policy.servers_of("cn002") == (other, here)
     script = asyncio.run(policy.script("cn002", "10.99.0.12"))
     assert script is not None and f"layerpy.server={other},{here} " in script
+
+
+def test_arm64_ipxe_is_the_default_where_the_ipxe_dir_has_it(make_config, tmp_path) -> None:
+    assert make_config().ipxe.arm64 is None  # Debian 12's ipxe package has none
+    (tmp_path / "ipxe" / "ipxe-arm64.efi").write_bytes(b"MZ" * 100)
+    config = make_config()
+    assert config.ipxe.arm64 == "ipxe-arm64.efi"
+    offer = answer(make_service(config), request(dhcp.DISCOVER, **ARM64))
+    assert offer.options[dhcp.OPT_BOOTFILE] == b"ipxe-arm64.efi"

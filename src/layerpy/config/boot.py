@@ -11,6 +11,7 @@ from layerpy import bundle
 from layerpy.config import values
 from layerpy.config.reading import Reader, missing
 from layerpy.config.records import (
+    ARM64_IPXE,
     DHCP_MODES,
     EFI_ARCHES,
     IDENTITY_MODES,
@@ -197,6 +198,12 @@ def rpi(r: Reader, data: dict[str, Any], minos: MinosConfig | None) -> RpiConfig
     return RpiConfig(directory, kernel, initrd, cmdline or "", config or "")
 
 
+def arm64_ipxe(directory: Path) -> str | None:
+    """The arm64 iPXE when the directory has Debian's (vm-lab/ipxe-arm64.sh puts it beside
+    the x86 ones; layerpy.pyz carries it), else none: arm64 then gets the signed loaders."""
+    return ARM64_IPXE if (directory / ARM64_IPXE).is_file() else None
+
+
 def ipxe(r: Reader, data: dict[str, Any], server: ServerConfig | None) -> IpxeConfig:
     """The iPXE binaries; TFTP serves only files inside their directory."""
     table = r.table(data, "ipxe", {"dir", "bios", "uefi", "arm64"})
@@ -207,7 +214,7 @@ def ipxe(r: Reader, data: dict[str, Any], server: ServerConfig | None) -> IpxeCo
         directory,
         get("bios", str, values.plain_file_name, default=defaults.bios),
         get("uefi", str, values.plain_file_name, default=defaults.uefi),
-        get("arm64", str, values.plain_file_name),
+        get("arm64", str, values.plain_file_name, default=arm64_ipxe(directory)),
     )
     if server and server.dhcp != "off":
         named = (("bios", config.bios), ("uefi", config.uefi), ("arm64", config.arm64))
@@ -216,7 +223,8 @@ def ipxe(r: Reader, data: dict[str, Any], server: ServerConfig | None) -> IpxeCo
             if why := missing(path):
                 r.problem(
                     f"ipxe.{key}",
-                    f"{path} {why} (install Debian's ipxe package or set ipxe.dir)",
+                    f"{path} {why} (install Debian's ipxe package, run vm-lab/ipxe-arm64.sh "
+                    "for arm64, or set ipxe.dir)",
                 )
             elif not path.resolve().is_relative_to(directory.resolve()):
                 r.problem(

@@ -135,7 +135,10 @@ class IpxeConfig:
     directory: Path = Path("/usr/lib/ipxe")
     bios: str = "undionly.kpxe"
     uefi: str = "snponly.efi"
-    arm64: str | None = None  # no arm64 binary unless the file names one
+    arm64: str | None = None  # by default ARM64_IPXE, when the directory has it
+
+
+ARM64_IPXE = "ipxe-arm64.efi"  # Debian's name for it (package ipxe, Debian 13 and later)
 
 
 # The CPU architectures a minOS is built for (minos/build.sh --arch), in Debian's names.
