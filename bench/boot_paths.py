@@ -9,8 +9,9 @@ hello and first report). Paths, by the firmware the VM runs:
   ``snponly.efi``, by TFTP); OVMF's UEFI HTTP boot (``snponly.efi`` by HTTP);
 - OVMF with Secure Boot on and Microsoft's keys (Debian's signed shim, signed GRUB and
   signed kernel: the node has ``secure_boot = true``);
-- arm64 (QEMU ``virt``, cortex-a72, AAVMF): UEFI PXE, UEFI HTTP boot, and QEMU loading the
-  arm64 minOS itself (no loader: the floor of the arm64 rows).
+- arm64 (QEMU ``virt``, cortex-a72, AAVMF): UEFI PXE and UEFI HTTP boot (Debian 13's
+  ``ipxe-arm64.efi``), UEFI PXE through Debian's signed shim and GRUB (a ``secure_boot``
+  node), and QEMU loading the arm64 minOS itself (no loader: the floor of the arm64 rows).
 
 The Raspberry Pi path is not here: its bootloader is played packet by packet
 (tests/e2e/test_rpi_minos.py prints its times). The times are QEMU's start to the server's
@@ -69,6 +70,12 @@ def paths() -> list[BootPath]:
         ),
         BootPath(
             "pahttp", "arm64 UEFI HTTP -> ipxe-arm64.efi", vm("pahttp", 0x47, "uefi-http", "arm64")
+        ),
+        BootPath(
+            "pasign",
+            "arm64 UEFI PXE -> shim -> GRUB (secure_boot; AAVMF has it off)",
+            vm("pasign", 0x49, "uefi-pxe", "arm64"),
+            secure_boot=True,
         ),
         BootPath(
             "padir",
