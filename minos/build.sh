@@ -3,7 +3,7 @@
 # python3.11 with the stdlib trimmed to what the agent imports, the agent, and the kernel
 # modules of the NICs servers have, loaded at boot for the hardware found).
 #
-#   minos/build.sh [--force] [--compress auto|gzip|zstd] [--flavour generic|cloud]
+#   minos/build.sh [--force] [--compress auto|gzip|zstd] [--flavour generic|cloud] [--arch amd64|arm64]
 #
 # Flavours: generic (the default, for real machines): Debian's linux-image-amd64 kernel,
 # with the drivers of the common server NICs (Intel e1000e, igb, ixgbe, i40e, ice;
@@ -14,6 +14,13 @@
 # minos.cpio.{gz,zst} (plus initrd, a symlink to whichever was built, and BUILDINFO). Run
 # as root on Debian 12: it only downloads .debs (apt-get download) and unpacks them
 # (dpkg-deb -x); nothing is installed. See minos/README.md to add a driver or firmware.
+#
+# --arch arm64 builds the same minOS from Debian's arm64 packages (linux-image-arm64, the
+# NICs of arm64 servers and boards) into minos/out-arm64/ (cloud: minos/out-arm64-cloud/),
+# fetched by minos/apt-arch.sh on a private apt state (the host's dpkg stays amd64). The
+# arm64 binaries are only copied: the stdlib trace and byte-compiling run on the host's
+# python3.11, the applet list comes from the host's busybox-static of the same version,
+# and the chroot check is skipped (the lab's arm64 boot test runs the agent instead).
 #
 # Cached: when the inputs (deb versions, minos/ files, the agent sources, options) hash to
 # the stamp of the last build, it prints "up to date" and exits; when they hash to one of
@@ -48,6 +55,7 @@ ARGS=("$@")
 FORCE=0
 COMPRESS=auto
 FLAVOUR=${LAYERPY_MINOS_FLAVOUR:-generic}
+ARCH=amd64
 while [ $# -gt 0 ]; do
     case "$1" in
     --force) FORCE=1 ;;
@@ -55,30 +63,56 @@ while [ $# -gt 0 ]; do
     --compress=*) COMPRESS=${1#*=} ;;
     --flavour) FLAVOUR=${2:?}; shift ;;
     --flavour=*) FLAVOUR=${1#*=} ;;
-    -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
+    --arch) ARCH=${2:?}; shift ;;
+    --arch=*) ARCH=${1#*=} ;;
+    -h | --help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
 done
 case "$COMPRESS" in auto | gzip | zstd) ;; *) echo "build.sh: --compress auto|gzip|zstd" >&2; exit 2 ;; esac
 # Kernel modules: the NICs, what running system images needs (overlay, squashfs, loop),
-# and a local disk for persistent paths (the disk controllers, ext4). Their dependencies
+# the UEFI variables (efivarfs: the agent reads SecureBoot there) and a local disk for
+# persistent paths (the disk controllers, ext4). All are Debian's, signed by its kernel
+# key: under Secure Boot the kernel locks itself down and loads signed modules only. Their dependencies
 # come along; /init loads what the hardware found asks for.
-case "$FLAVOUR" in
-generic)
+# arm64 generic: QEMU virt (virtio PCI and MMIO), the Raspberry Pi 4 (genet, its MDIO bus and
+# Broadcom PHY), the PCIe NICs of Ampere, Grace and other arm64 servers (Mellanox mlx5, Intel,
+# Broadcom bnxt_en), Cavium ThunderX (nicpf, nicvf), Huawei Kunpeng (hns3), Marvell Armada
+# (mvpp2), Realtek r8169 and the Cadence (macb) and Synopsys (dwmac) MACs of many SoCs; and
+# the hardware RNGs of those machines (virtio, the Pi's, SMCCC TRNG firmware, ThunderX,
+# X-Gene, Kunpeng): without entropy the agent's Python waits at start (~10 s under TCG).
+case "$ARCH/$FLAVOUR" in
+amd64/generic)
     META=linux-image-amd64 OUT=$HERE/out
     NICS="virtio_pci virtio_net e1000 e1000e igb ixgbe i40e ice bnxt_en tg3 mlx5_core r8169
     8139too 8139cp vmxnet3" DISKS="virtio_blk nvme ahci sd_mod" ;;
-cloud) META=linux-image-cloud-amd64 OUT=$HERE/out-cloud NICS="virtio_pci virtio_net" DISKS=virtio_blk ;;
-*) echo "build.sh: --flavour generic|cloud" >&2; exit 2 ;;
+amd64/cloud) META=linux-image-cloud-amd64 OUT=$HERE/out-cloud NICS="virtio_pci virtio_net" DISKS=virtio_blk ;;
+arm64/generic)
+    META=linux-image-arm64 OUT=$HERE/out-arm64
+    NICS="virtio_pci virtio_mmio virtio_net genet broadcom mlx5_core ixgbe i40e ice igb igc e1000e
+    bnxt_en nicpf nicvf hns3 hclge mvpp2 r8169 macb dwmac-generic virtio_rng iproc-rng200 bcm2835-rng
+    arm_smccc_trng cavium-rng-vf xgene-rng hisi-rng" DISKS="virtio_blk nvme ahci sd_mod" ;;
+arm64/cloud)
+    META=linux-image-cloud-arm64 OUT=$HERE/out-arm64-cloud
+    NICS="virtio_pci virtio_mmio virtio_net" DISKS=virtio_blk ;;
+*) echo "build.sh: --arch amd64|arm64, --flavour generic|cloud" >&2; exit 2 ;;
 esac
-MODULES=$(echo $NICS overlay squashfs loop $DISKS ext4 ${LAYERPY_MINOS_MODULES:-})
+case "$ARCH" in
+amd64) TRIPLET=x86_64-linux-gnu LDSO=ld-linux-x86-64.so.2 INTERP=lib64/ld-linux-x86-64.so.2 ;;
+arm64) TRIPLET=aarch64-linux-gnu LDSO=ld-linux-aarch64.so.1 INTERP=lib/ld-linux-aarch64.so.1 ;;
+esac
+# Another architecture's binaries do not run here: only copied, never executed.
+NATIVE=0
+[ "$ARCH" = "$(dpkg --print-architecture)" ] && NATIVE=1
+APT=("$HERE/apt-arch.sh" "$ARCH") # the host's apt, or a private one for another architecture
+MODULES=$(echo $NICS overlay squashfs loop efivarfs $DISKS ext4 ${LAYERPY_MINOS_MODULES:-})
 
 log() { echo "minos: $*" >&2; }
 die() { echo "minos: error: $*" >&2; exit 1; }
 case "$CACHE" in /*) ;; *) die "LAYERPY_CACHE must be an absolute path" ;; esac
 [ "$(id -u)" = 0 ] || die "run as root (device nodes, chroot check, apt-get download)"
-for tool in apt-get apt-cache dpkg-deb cpio gzip depmod modprobe sha256sum chroot; do
+for tool in apt-get apt-cache dpkg-deb cpio gzip depmod modprobe sha256sum chroot python3; do
     command -v "$tool" >/dev/null || die "$tool is missing"
 done
 
@@ -94,24 +128,24 @@ START=$(date +%s.%N)
 apt_retry() { # run "$@"; on failure refresh the lists once and retry
     if ! "$@" 2>/dev/null; then
         log "apt lists missing or stale; running apt-get update"
-        apt-get update -qq >&2
+        "${APT[@]}" apt-get update -qq >&2
         "$@"
     fi
 }
 kernel_pkg() {
     if [ -n "${LAYERPY_KERNEL_PKG:-}" ]; then echo "$LAYERPY_KERNEL_PKG"; return; fi
-    apt-cache show --no-all-versions "$META" 2>/dev/null |
+    "${APT[@]}" apt-cache show --no-all-versions "$META" 2>/dev/null |
         sed -n 's/^Depends: //p' | tr ',|' '\n\n' | awk '{print $1}' |
         grep -E "^linux-image-[0-9].*-${META#linux-image-}\$" | head -n1
 }
 KPKG=$(kernel_pkg || true)
 if [ -z "$KPKG" ]; then
-    apt-get update -qq >&2
+    "${APT[@]}" apt-get update -qq >&2
     KPKG=$(kernel_pkg) || true
 fi
 [ -n "$KPKG" ] || die "cannot resolve $META to a kernel package"
 # shellcheck disable=SC2086
-URIS=$(apt_retry apt-get download --print-uris "$KPKG" $PACKAGES) || die "apt-get download --print-uris failed"
+URIS=$(apt_retry "${APT[@]}" apt-get download --print-uris "$KPKG" $PACKAGES) || die "apt-get download --print-uris failed"
 # lines: 'URI' FILENAME SIZE SHA256:HEX  -> "FILENAME HEX"
 DEBLIST=$(echo "$URIS" | awk '{ sub(/^SHA256:/, "", $4); print $2, $4 }' | sort)
 [ "$(echo "$DEBLIST" | wc -l)" -ge 8 ] || die "unexpected apt-get output: $URIS"
@@ -119,12 +153,12 @@ DEBLIST=$(echo "$URIS" | awk '{ sub(/^SHA256:/, "", $4); print $2, $4 }' | sort)
 # --- 2. input hash: deb versions + minos/ + agent sources + options ---
 input_files() {
     (cd "$REPO" && find minos src/layerpy/agent src/layerpy/proto -type f \
-        ! -path 'minos/out/*' ! -path 'minos/out-cloud/*' ! -name '*.pyc' ! -path '*/__pycache__/*' -print
+        ! -path 'minos/out/*' ! -path 'minos/out-*/*' ! -name '*.pyc' ! -path '*/__pycache__/*' -print
     echo src/layerpy/__init__.py) | sort
 }
 INPUT_HASH=$({
     echo "$DEBLIST"
-    echo "opts compress=$COMPRESS epoch=$SOURCE_DATE_EPOCH kernel=$KPKG modules=$MODULES"
+    echo "opts arch=$ARCH compress=$COMPRESS epoch=$SOURCE_DATE_EPOCH kernel=$KPKG modules=$MODULES"
     echo "firmware=${LAYERPY_MINOS_FIRMWARE:-}"
     input_files | (cd "$REPO" && xargs sha256sum)
 } | sha256sum | cut -c1-64)
@@ -170,11 +204,11 @@ while read -r file sha; do
 done <<<"$DEBLIST"
 if [ ${#need[@]} -gt 0 ]; then
     log "downloading ${need[*]}"
-    if ! (cd "$DEBS" && apt-get download -q -o APT::Sandbox::User=root "${need[@]}" >&2); then
+    if ! (cd "$DEBS" && "${APT[@]}" apt-get download -q -o APT::Sandbox::User=root "${need[@]}" >&2); then
         # Stale lists name versions the mirror no longer has: refresh and start over.
         [ -z "${LAYERPY_MINOS_UPDATED:-}" ] || die "apt-get download failed"
         log "download failed; running apt-get update and starting over"
-        apt-get update -qq >&2
+        "${APT[@]}" apt-get update -qq >&2
         LAYERPY_MINOS_UPDATED=1 exec bash "$0" "${ARGS[@]}"
     fi
 fi
@@ -192,16 +226,25 @@ while read -r file _; do
 done <<<"$DEBLIST"
 KVER=$(basename "$(ls -d "$ROOT"/lib/modules/*/ | head -n1)")
 [ -f "$ROOT/boot/vmlinuz-$KVER" ] || die "no vmlinuz for $KVER in $KPKG"
-LIBDIR=lib/x86_64-linux-gnu
-LDSO=$ROOT/$LIBDIR/ld-linux-x86-64.so.2
-PY=("$LDSO" --library-path "$ROOT/$LIBDIR:$ROOT/usr/$LIBDIR" "$ROOT/usr/bin/python3.11")
-PYV=$(PYTHONHOME=$ROOT/usr "${PY[@]}" -S -c 'import sys; print(sys.version.split()[0])')
-log "kernel $KVER ($KPKG), python $PYV"
+LIBDIR=lib/$TRIPLET
+PYV=$(echo "$DEBLIST" | sed -n 's/^python3\.11-minimal_\([0-9.]*\)-.*/\1/p')
+PYENV=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin PYTHONPATH="$WORK/layerpy-src"
+    PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH="$SOURCE_DATE_EPOCH")
+if [ "$NATIVE" = 1 ]; then # the interpreter that ships traces and compiles
+    PY=("$ROOT/$LIBDIR/$LDSO" --library-path "$ROOT/$LIBDIR:$ROOT/usr/$LIBDIR" "$ROOT/usr/bin/python3.11")
+    PYENV+=(PYTHONHOME="$ROOT/usr")
+else # the host's python3.11: the same stdlib sources and byte code (one .pyc magic per 3.x)
+    PY=(/usr/bin/python3.11)
+    [ -x "${PY[0]}" ] || die "building for $ARCH needs the host's python3.11 (apt-get install python3.11)"
+    HOSTPYV=$("${PY[@]}" -S -c 'import sys; print(sys.version.split()[0])')
+    [ "${HOSTPYV%.*}" = "${PYV%.*}" ] || die "host python $HOSTPYV cannot compile for python $PYV"
+fi
+log "kernel $KVER ($KPKG), python $PYV, $ARCH"
 
 # --- 5. the initramfs tree ---
 cd "$RFS"
 mkdir -p bin sbin usr/bin usr/sbin usr/lib usr/share/udhcpc etc root proc sys dev run tmp \
-    mnt var "$LIBDIR" lib64 usr/lib/layerpy
+    mnt var "$LIBDIR" "$(dirname "$INTERP")" usr/lib/layerpy
 chmod 0700 root
 chmod 1777 tmp
 ln -s /run var/run
@@ -209,9 +252,17 @@ ln -s /tmp var/tmp
 mknod -m 600 dev/console c 5 1 # the kernel opens it for /init before devtmpfs is mounted
 mknod -m 666 dev/null c 1 3
 
-# busybox and its applet links
+# busybox and its applet links: the staged busybox lists them, or for another architecture
+# the host's busybox-static of the same version (Debian builds it with one configuration)
 install -m 0755 "$ROOT/bin/busybox" bin/busybox
-"$ROOT/bin/busybox" --list-full | while read -r applet; do
+LIST_APPLETS=$ROOT/bin/busybox
+if [ "$NATIVE" = 0 ]; then
+    LIST_APPLETS=/bin/busybox
+    want=$(echo "$DEBLIST" | sed -n 's/^busybox-static_\([^_]*\)_.*/\1/p' | sed 's/%3a/:/; s/+b[0-9]*$//')
+    have=$(dpkg-query -W -f='${Version}' busybox-static 2>/dev/null | sed 's/+b[0-9]*$//') || true
+    [ "$have" = "$want" ] || die "the host's busybox-static is ${have:-not installed}, not $want: its applet list is needed"
+fi
+"$LIST_APPLETS" --list-full | while read -r applet; do
     case "$applet" in linuxrc | bin/busybox) continue ;; esac
     [ -e "$applet" ] || [ -L "$applet" ] || ln -s /bin/busybox "$applet"
 done
@@ -233,10 +284,14 @@ for sub in agent proto; do
     [ -f "$LPSRC/layerpy/$sub/__init__.py" ] || : >"$LPSRC/layerpy/$sub/__init__.py"
 done
 
-# stdlib: trace what the agent imports, byte-compile just that (sourceless, -OO)
-PYENV=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin PYTHONHOME="$ROOT/usr"
-    PYTHONPATH="$LPSRC" PYTHONDONTWRITEBYTECODE=1 SOURCE_DATE_EPOCH="$SOURCE_DATE_EPOCH")
-"${PYENV[@]}" "${PY[@]}" -s "$HERE/trim.py" trace >"$WORK/stdlib.list"
+# stdlib: trace what the agent imports, byte-compile just that (sourceless, -OO); traced on
+# the host, the extension modules are named for its triplet: the staged ones are the target's
+HOSTTRIPLET=$("${PYENV[@]}" "${PY[@]}" -S -c 'import sysconfig; print(sysconfig.get_config_var("MULTIARCH"))')
+"${PYENV[@]}" "${PY[@]}" -s "$HERE/trim.py" trace |
+    sed "s/-$HOSTTRIPLET\.so\$/-$TRIPLET.so/" >"$WORK/stdlib.list"
+while read -r rel; do
+    [ -f "$ROOT/usr/lib/python3.11/$rel" ] || die "the agent imports $rel, which the $ARCH python lacks"
+done <"$WORK/stdlib.list"
 log "stdlib: $(wc -l <"$WORK/stdlib.list") modules kept"
 "${PYENV[@]}" "${PY[@]}" -s "$HERE/trim.py" install "$WORK/stdlib.list" \
     "$ROOT/usr/lib/python3.11" "$RFS/usr/lib/python3.11" /usr/lib/python3.11 2
@@ -244,7 +299,7 @@ log "stdlib: $(wc -l <"$WORK/stdlib.list") modules kept"
 "${PYENV[@]}" "${PY[@]}" -s "$HERE/trim.py" install "$WORK/layerpy.list" \
     "$LPSRC" "$RFS/usr/lib/layerpy" /usr/lib/layerpy 0
 
-# shared libraries: ask the staged ld.so what python3.11 and kept .so files need
+# shared libraries: what python3.11 and the kept .so files need (read from their ELF headers)
 copy_lib() { # path under $ROOT -> same path under $RFS, following symlinks
     local rel=$1 target
     [ -e "$RFS/$rel" ] && return
@@ -259,13 +314,10 @@ copy_lib() { # path under $ROOT -> same path under $RFS, following symlinks
 }
 ELFS=("$ROOT/usr/bin/python3.11")
 while read -r so; do ELFS+=("$ROOT/usr/lib/python3.11/$so"); done < <(grep '\.so$' "$WORK/stdlib.list" || true)
-for elf in "${ELFS[@]}"; do
-    "$LDSO" --library-path "$ROOT/$LIBDIR:$ROOT/usr/$LIBDIR" --list "$elf" | awk '$2 == "=>" { print $3 }'
-done | sort -u | while read -r lib; do
-    case "$lib" in "$ROOT"/*) copy_lib "${lib#"$ROOT"/}" ;; *) die "$lib is not from the staged debs" ;; esac
-done
-install -m 0755 "$LDSO" "$RFS/$LIBDIR/ld-linux-x86-64.so.2"
-ln -s "/$LIBDIR/ld-linux-x86-64.so.2" lib64/ld-linux-x86-64.so.2
+LIBS=$(python3 "$HERE/elfdeps.py" "$ROOT" "$LIBDIR" "usr/$LIBDIR" -- "${ELFS[@]}") || die "a library is missing"
+for lib in $LIBS; do copy_lib "$lib"; done
+[ -e "$RFS/$LIBDIR/$LDSO" ] || install -m 0755 "$ROOT/$LIBDIR/$LDSO" "$RFS/$LIBDIR/$LDSO"
+ln -s "/$LIBDIR/$LDSO" "$INTERP"
 
 # kernel modules and their dependencies
 MODDIR=lib/modules/$KVER
@@ -302,6 +354,7 @@ printf 'hosts: files dns\n' >etc/nsswitch.conf
 : >etc/resolv.conf
 {
     echo "NAME=\"layerpy minOS\""
+    echo "ARCH=$ARCH"
     echo "KERNEL=$KVER"
     echo "PYTHON=$PYV"
     echo "INPUTS=$INPUT_HASH"
@@ -309,9 +362,13 @@ printf 'hosts: files dns\n' >etc/nsswitch.conf
 } >etc/minos-release
 
 # --- 6. check the tree: the agent's code paths import inside it (a chroot, no network) ---
-chroot "$RFS" /usr/bin/env -i PATH=/sbin:/usr/sbin:/bin:/usr/bin PYTHONHOME=/usr \
-    PYTHONPATH=/usr/lib/layerpy PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 - verify \
-    <"$HERE/trim.py" >&2 || die "the trimmed python cannot run the agent"
+if [ "$NATIVE" = 1 ]; then
+    chroot "$RFS" /usr/bin/env -i PATH=/sbin:/usr/sbin:/bin:/usr/bin PYTHONHOME=/usr \
+        PYTHONPATH=/usr/lib/layerpy PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 - verify \
+        <"$HERE/trim.py" >&2 || die "the trimmed python cannot run the agent"
+else
+    log "no chroot check: $ARCH binaries do not run here (tests/e2e/test_arm64.py boots it)"
+fi
 rm -f etc/resolv.conf && : >etc/resolv.conf
 
 # --- 7. pack: sorted entries, fixed mtimes and owners ---
@@ -344,6 +401,7 @@ mkdir -p "$BUILT.new"
 cp "$WORK/$CHOSEN" "$WORK/manifest.txt" "$BUILT.new/"
 cp "$ROOT/boot/vmlinuz-$KVER" "$BUILT.new/vmlinuz"
 {
+    echo "arch=$ARCH"
     echo "kernel=$KVER"
     echo "kernel_package=$KPKG"
     echo "python=$PYV"

@@ -5,28 +5,64 @@ nothing else installed, carrying everything a boot needs.
     .venv/bin/python packaging/pyz.py [-o dist/layerpy.pyz]
 
 It is a shiv zipapp (shiv, from the venv): the layerpy package with, under
-``layerpy/bundled/``, the minOS kernel and initramfs (minos/out, built first if missing),
-Debian's x86 iPXE binaries and (setup.py's build step) systemd/, the unit and sysusers.d
-line ``layerpy install`` writes; plus the dependencies' wheels for this platform (CPython
-3.11, x86-64 Linux: what Debian 12 runs). On its first start it unpacks itself to
-$SHIV_ROOT (default ~/.shiv; the systemd unit points it at the cache directory).
-Prints the size of the file and of each part.
+``layerpy/bundled/``, every boot file of docs/hardware.md's table: the x86-64 and arm64
+minOS (minos/out and minos/out-arm64, built first if missing), Debian's iPXE binaries
+(x86 and arm64, as vm-lab/ipxe-arm64.sh gathers them), Debian's signed shim and GRUB for
+x86-64 and arm64 and the Raspberry Pi firmware (fetched first if missing, by the vm-lab/
+scripts), and (setup.py's build step) systemd/, the unit and sysusers.d line ``layerpy
+install`` writes; plus the dependencies' wheels for this platform (CPython 3.11, x86-64
+Linux: what Debian 12 runs). On its first start it unpacks itself to $SHIV_ROOT (default
+~/.shiv; the systemd unit points it at the cache directory). Prints the size of the file
+and of each part.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-MINOS = REPO / "minos" / "out"
-IPXE = Path("/usr/lib/ipxe")
-IPXE_FILES = ("undionly.kpxe", "ipxe.pxe", "snponly.efi", "ipxe.efi")  # BIOS and x86-64 UEFI
+CACHE = Path(os.environ.get("LAYERPY_CACHE", "/var/cache/layerpy"))
+# BIOS, x86-64 UEFI (Debian 12's) and arm64 UEFI (Debian 13's), as vm-lab/ipxe-arm64.sh puts them
+IPXE_FILES = ("undionly.kpxe", "ipxe.pxe", "snponly.efi", "ipxe.efi", "ipxe-arm64.efi")
+SIGNED_FILES = ("shimx64.efi", "grubx64.efi", "shimaa64.efi", "grubaa64.efi")
 SHIV = Path(sys.executable).with_name("shiv")
+
+
+@dataclass(frozen=True)
+class Part:
+    """Boot files the pyz carries: where they come from, the names taken (None: the whole
+    directory), the bundled/ directory they go to (bundle.py reads them there), and the
+    command that makes them when they are missing (ipxe-arm64.sh needs Debian's ipxe
+    package for the x86 ones: vm-lab/setup.sh installs it)."""
+
+    label: str
+    source: Path
+    names: tuple[str, ...] | None
+    into: str
+    make: tuple[str, ...]
+
+    def missing(self) -> bool:
+        names = self.names or ("start4.elf",)  # the Pi firmware: its bootloader's first file
+        return not all((self.source / name).is_file() for name in names)
+
+
+PARTS = (
+    Part("minOS", REPO / "minos" / "out", ("vmlinuz", "initrd"), "minos",
+         ("minos/build.sh",)),
+    Part("minOS arm64", REPO / "minos" / "out-arm64", ("vmlinuz", "initrd"), "minos-arm64",
+         ("minos/build.sh", "--arch", "arm64")),
+    Part("iPXE", CACHE / "ipxe", IPXE_FILES, "ipxe", ("vm-lab/ipxe-arm64.sh",)),
+    Part("signed", CACHE / "signed", SIGNED_FILES, "signed",
+         ("vm-lab/signed-loaders.sh", "amd64", "arm64")),
+    Part("Pi firmware", CACHE / "rpi", None, "rpi", ("vm-lab/rpi-firmware.sh",)),
+)  # fmt: skip
 
 
 def mb(size: int) -> str:
@@ -40,13 +76,18 @@ def stage(into: Path) -> dict[str, int]:
     for name in ("src", "systemd"):
         shutil.copytree(REPO / name, into / name, ignore=shutil.ignore_patterns("__pycache__"))
     bundled = into / "src" / "layerpy" / "bundled"
-    (bundled / "minos").mkdir(parents=True)
-    (bundled / "ipxe").mkdir()
     sizes = {}
-    for name in ("vmlinuz", "initrd"):
-        sizes[f"minOS {name}"] = shutil.copy(MINOS / name, bundled / "minos" / name).stat().st_size
-    for name in IPXE_FILES:
-        sizes[f"iPXE {name}"] = shutil.copy(IPXE / name, bundled / "ipxe" / name).stat().st_size
+    for part in PARTS:
+        target = bundled / part.into
+        if part.names is None:
+            shutil.copytree(part.source, target)
+            size = sum(path.stat().st_size for path in target.rglob("*") if path.is_file())
+            sizes[part.label] = size
+            continue
+        target.mkdir(parents=True)
+        for name in part.names:
+            copied = shutil.copy(part.source / name, target / name)  # a symlink's target
+            sizes[f"{part.label} {name}"] = Path(copied).stat().st_size
     return sizes
 
 
@@ -56,11 +97,8 @@ def main() -> int:
     args = parser.parse_args()
     if not SHIV.exists():
         sys.exit(f"pyz: needs shiv in the venv ({SHIV}); vm-lab/setup.sh installs it")
-    if not (MINOS / "vmlinuz").exists() or not (MINOS / "initrd").exists():
-        subprocess.run([str(REPO / "minos" / "build.sh")], check=True)
-    missing = [name for name in IPXE_FILES if not (IPXE / name).is_file()]
-    if missing:
-        sys.exit(f"pyz: {IPXE} lacks {', '.join(missing)} (apt-get install ipxe)")
+    for part in (part for part in PARTS if part.missing()):
+        subprocess.run([str(REPO / part.make[0]), *part.make[1:]], check=True)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="layerpy-pyz-") as tmp:
         source = Path(tmp) / "source"

@@ -12,18 +12,29 @@ kernel = "vmlinuz"
 initrd = "initrd"
 cmdline = "console=ttyS0"
 
+[minos.arm64]
+kernel = "vmlinuz-arm64"
+initrd = "initrd-arm64"
+
 [ipxe]
 dir = "ipxe"
+
+[signed]
+dir = "signed"
 """
 
 
 def write_boot_files(directory: Path) -> None:
-    """The kernel, initrd and iPXE binaries BOOT_SECTIONS names, as stand-in bytes."""
-    for name in ("vmlinuz", "initrd"):
+    """The kernels, initrds (x86-64 and arm64), iPXE binaries and signed loaders
+    BOOT_SECTIONS names, as stand-in bytes."""
+    for name in ("vmlinuz", "initrd", "vmlinuz-arm64", "initrd-arm64"):
         (directory / name).write_bytes(name.encode() * 1000)
     (directory / "ipxe").mkdir(exist_ok=True)
     for name in ("undionly.kpxe", "snponly.efi"):
         (directory / "ipxe" / name).write_bytes(b"\x90" * 3000)
+    (directory / "signed").mkdir(exist_ok=True)  # Debian's signed loaders, x86 only
+    for name in ("shimx64.efi", "grubx64.efi"):
+        (directory / "signed" / name).write_bytes(b"\x4d\x5a" * 1500)
 
 
 @dataclass(frozen=True)

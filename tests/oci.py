@@ -97,12 +97,13 @@ def tar_bytes(entries: Layer) -> bytes:
     return out.getvalue()
 
 
-def busybox_layer() -> Layer:
-    """A root filesystem of busybox-static and a few applet symlinks."""
+def busybox_layer(busybox: Path = BUSYBOX, applets: tuple[str, ...] = APPLETS) -> Layer:
+    """A root filesystem of busybox-static (this machine's, or another architecture's
+    binary) and a few applet symlinks."""
     return [
         directory("bin"),
-        file("bin/busybox", BUSYBOX.read_bytes(), 0o755),
-        *(symlink(f"bin/{applet}", "busybox") for applet in APPLETS),
+        file("bin/busybox", busybox.read_bytes(), 0o755),
+        *(symlink(f"bin/{applet}", "busybox") for applet in applets),
         directory("etc"),
         file("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n"),
         directory("root", 0o700),
@@ -150,9 +151,11 @@ class Layout:
         config: dict | None = None,
         arch: str = "amd64",
         compress: str | None = "gzip",
+        variant: str | None = None,
     ) -> dict:
-        """Writes an image's blobs and returns its manifest's descriptor, with its platform.
-        A layer is a list of entries or a ready tar; `compress` is "gzip", "zstd" or None."""
+        """Writes an image's blobs and returns its manifest's descriptor, with its platform
+        (`variant`, e.g. "v8", only if given). A layer is a list of entries or a ready tar;
+        `compress` is "gzip", "zstd" or None."""
         tars = [layer if isinstance(layer, bytes) else tar_bytes(layer) for layer in layers]
         manifest = {
             "schemaVersion": 2,
@@ -161,7 +164,8 @@ class Layout:
             "layers": [self._layer(tar, compress) for tar in tars],
         }
         data = json.dumps(manifest, sort_keys=True).encode()
-        return self.blob(MANIFEST, data, platform={"architecture": arch, "os": "linux"})
+        platform = {"architecture": arch, "os": "linux"} | ({"variant": variant} if variant else {})
+        return self.blob(MANIFEST, data, platform=platform)
 
     def _layer(self, tar: bytes, compress: str | None) -> dict:
         if compress == "gzip":
@@ -210,6 +214,34 @@ def build_image(
     layout = Layout(path)
     layout.tag(ref, layout.image([busybox_layer(), top], config))
     return path
+
+
+def debian_busybox(arch: str, cache: Path = Path("/var/cache/layerpy")) -> bytes | None:
+    """Debian's busybox-static binary for `arch` (arm64: from the .deb that
+    `minos/build.sh --arch arm64` keeps in the cache), or None when it is not there."""
+    debs = sorted((cache / "debs").glob(f"busybox-static_*_{arch}.deb"))
+    if not debs:
+        return None
+    tar = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(debs[-1])], check=True,
+                         capture_output=True).stdout  # fmt: skip
+    return subprocess.run(["tar", "-xO", "./bin/busybox"], input=tar, check=True,
+                          capture_output=True).stdout  # fmt: skip
+
+
+def build_multiarch(path: Path, busyboxes: dict[str, Path], command: list[str]) -> dict[str, str]:
+    """A busybox image for each architecture (`busyboxes`: arch -> its busybox binary) in
+    one OCI index at `path`, tagged latest, as `docker buildx --platform ...` pushes one
+    (arm64 as arm64/v8); /arch names the architecture, `command` runs (sh, cat, echo,
+    sleep, uname). Returns each architecture's manifest digest."""
+    layout = Layout(path)
+    applets = ("sh", "cat", "echo", "sleep", "uname")
+    found = {
+        arch: layout.image([busybox_layer(busybox, applets), [file("arch", arch)]],
+                           {"Cmd": command}, arch=arch, variant="v8" if arch == "arm64" else None)
+        for arch, busybox in busyboxes.items()
+    }  # fmt: skip
+    layout.tag("latest", layout.index(list(found.values())))
+    return {arch: descriptor["digest"] for arch, descriptor in found.items()}
 
 
 def write_docker_archive(

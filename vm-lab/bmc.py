@@ -57,9 +57,10 @@ from pyghmi.ipmi.bmc import Bmc
 from pyghmi.ipmi.private import serversession
 from pyghmi.ipmi.private import session as pyghmi_session
 
+from qmp_power import OFF_STATES, qmp
+
 HERE = Path(__file__).resolve().parent
 BMC_DEVICE = "bmc0"  # a port-less bridge in the lab namespace holding every BMC address
-OFF_STATES = {"prelaunch", "shutdown"}  # QEMU run states of a machine that is not powered
 RESET_TYPES = ("On", "ForceOff", "ForceRestart", "PowerCycle")
 NO_CIPHER_SUITE = 0x11  # RMCP+ status: no cipher suite match with proposed algorithms
 SOL_PAYLOAD = 1  # IPMI payload type of Serial-over-LAN
@@ -69,28 +70,6 @@ SOL_IDLE = 60.0  # seconds without a packet from the SOL session before its payl
 # (as a real BMC's session timeout: ipmitool sends a keepalive every 15 s, layerpy probes)
 RECONNECT_EVERY = 0.5  # seconds between attempts to reach the VM's serial socket
 PAYLOAD_ACTIVE, PAYLOAD_DISABLED, INVALID_DATA = 0x80, 0x81, 0xCC  # completion codes
-
-
-def qmp(path: Path, *commands: str) -> list[Any]:
-    """Run QMP commands on one fresh connection: QEMU's QMP socket serves one client at a
-    time, so holding it would lock out the lab and layerpy's qemu driver."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(10)
-        sock.connect(str(path))
-        stream = sock.makefile("rwb")
-        json.loads(stream.readline())  # greeting
-        results = []
-        for name in ("qmp_capabilities", *commands):
-            stream.write(json.dumps({"execute": name}).encode() + b"\n")
-            stream.flush()
-            while True:  # skip asynchronous events
-                reply = json.loads(stream.readline() or b'{"error": {"desc": "EOF"}}')
-                if "return" in reply or "error" in reply:
-                    break
-            if "error" in reply:
-                raise RuntimeError(f"QMP {name}: {reply['error']['desc']}")
-            results.append(reply["return"])
-    return results[1:]
 
 
 class DelayedSender:

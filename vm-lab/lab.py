@@ -34,7 +34,16 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
 OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
-FIRMWARES = ("bios", "uefi", "uefi-pxe", "uefi-http")
+# Secure Boot: Debian's OVMF built with it (and SMM, so the variables resist the guest) and
+# variables with Microsoft's keys enrolled and Secure Boot on, as servers ship
+OVMF_SECBOOT_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.secboot.fd")
+OVMF_MS_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.ms.fd")
+AAVMF_CODE = Path("/usr/share/AAVMF/AAVMF_CODE.fd")  # qemu-efi-aarch64: UEFI for arm64 virt
+AAVMF_VARS = Path("/usr/share/AAVMF/AAVMF_VARS.fd")
+# "direct": no firmware, QEMU loads the spec's kernel and initrd itself (the minOS straight)
+FIRMWARES = ("bios", "uefi", "uefi-pxe", "uefi-http", "uefi-sb", "direct")
+ARM64_FIRMWARES = ("uefi-pxe", "uefi-http", "direct")  # AAVMF's own network boot, or none
+ARCHES = ("amd64", "arm64")
 NICS = ("virtio-net-pci", "e1000e", "e1000", "rtl8139", "vmxnet3")
 PR_SET_PDEATHSIG = 1
 BRIDGE_MAC = "02:4c:50:00:00:01"  # locally administered, fixed (see Lab._network)
@@ -54,10 +63,17 @@ class VmSpec:
     powered_off: bool = False  # start with the CPU stopped (-S): only its BMC turns it on
     nic: str = "virtio-net-pci"  # QEMU's NIC model: e1000e, rtl8139, vmxnet3 as on real servers
     disk: Path | None = None  # a raw image as its local disk (virtio), e.g. for persistent paths
+    arch: str = "amd64"  # arm64: qemu-system-aarch64, machine virt (cortex-a72), AAVMF
+    kernel: Path | None = None  # firmware "direct": the kernel, initrd and command line
+    initrd: Path | None = None
+    append: str = ""
 
     def __post_init__(self) -> None:
-        if self.firmware not in FIRMWARES:
-            raise ValueError(f"{self.name}: firmware {self.firmware!r} not in {FIRMWARES}")
+        if self.arch not in ARCHES:
+            raise ValueError(f"{self.name}: arch {self.arch!r} not in {ARCHES}")
+        firmwares = ARM64_FIRMWARES if self.arch == "arm64" else FIRMWARES
+        if self.firmware not in firmwares:
+            raise ValueError(f"{self.name}: firmware {self.firmware!r} not in {firmwares}")
         if self.nic not in NICS:
             raise ValueError(f"{self.name}: NIC {self.nic!r} not in {NICS}")
         if not re.fullmatch(r"[A-Za-z0-9_]{1,11}", self.name):  # tap-<name> fits IFNAMSIZ
@@ -88,11 +104,20 @@ def qemu_command(spec: VmSpec, run_dir: Path) -> list[str]:
     """
     run_dir = run_dir.resolve()
     nic = f"{spec.nic},netdev=net0,mac={spec.mac},bootindex=1"
-    if spec.firmware in ("uefi-pxe", "uefi-http"):
+    if spec.firmware in ("uefi-pxe", "uefi-http", "uefi-sb") or spec.arch == "arm64":
         nic += ",romfile="  # no iPXE ROM: OVMF's own VirtioNetDxe + PXE (or HTTP boot)
+    if spec.arch == "arm64":  # QEMU's ROMs are x86 code; cortex-a72 is cheaper under TCG than max
+        # an RNG: without one AAVMF offers the kernel no EFI_RNG_PROTOCOL seed and the
+        # agent's Python waits ~10 s for entropy under TCG (a direct boot's DT has a seed)
+        machine = ["qemu-system-aarch64", "-machine", "virt", "-cpu", "cortex-a72",
+                   "-device", "virtio-rng-pci"]  # fmt: skip
+    elif spec.firmware == "uefi-sb":  # the secboot OVMF needs SMM
+        machine = ["qemu-system-x86_64", "-machine", "q35,smm=on"]
+    else:
+        machine = ["qemu-system-x86_64", "-machine", "pc"]
     cmd = [
-        "qemu-system-x86_64",
-        *("-name", spec.name, "-machine", "pc", "-accel", "tcg", "-m", str(spec.memory_mb)),
+        machine[0],
+        *("-name", spec.name, *machine[1:], "-accel", "tcg", "-m", str(spec.memory_mb)),
         *("-nodefaults", "-display", "none", "-vga", "none", "-monitor", "none"),
         # the serial console: logged to a file, and a socket to type into (Vm.type)
         *(
@@ -103,22 +128,42 @@ def qemu_command(spec: VmSpec, run_dir: Path) -> list[str]:
         *("-serial", "chardev:console"),
         *("-qmp", f"unix:{run_dir / f'{spec.name}.qmp'},server=on,wait=off"),
         *("-netdev", f"tap,id=net0,ifname={spec.tap},script=no,downscript=no", "-device", nic),
-        *("-boot", "order=n,reboot-timeout=1000"),
     ]
+    if spec.firmware == "direct":
+        if spec.kernel is None or spec.initrd is None:
+            raise ValueError(f"{spec.name}: firmware direct needs a kernel and an initrd")
+        cmd += ["-kernel", str(spec.kernel), "-initrd", str(spec.initrd), "-append", spec.append]
+    else:
+        cmd += ["-boot", "order=n,reboot-timeout=1000"]
     if spec.firmware == "bios":
         cmd += ["-fw_cfg", f"name=etc/sercon-port,file={run_dir / 'sercon-port'}"]
     if spec.firmware == "uefi-http":  # OVMF's boot entries: HTTPv4 only, no PXE, no IPv6
         cmd += ["-fw_cfg", "name=opt/org.tianocore/IPv4PXESupport,string=no"]
         cmd += ["-fw_cfg", "name=opt/org.tianocore/IPv6Support,string=no"]
-    if spec.firmware != "bios":
+        # AAVMF keeps its PXEv6 entry (a minute's wait for no DHCPv6) without this one
+        cmd += ["-fw_cfg", "name=opt/org.tianocore/IPv6PXESupport,string=no"]
+    if spec.firmware == "uefi-sb":  # the variable store writable from SMM only
+        cmd += ["-global", "driver=cfi.pflash01,property=secure,value=on"]
+    if (code := uefi_files(spec)) is not None:
         vars_copy = run_dir / f"{spec.name}.vars.fd"
-        cmd += ["-drive", f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}"]
+        cmd += ["-drive", f"if=pflash,format=raw,unit=0,readonly=on,file={code[0]}"]
         cmd += ["-drive", f"if=pflash,format=raw,unit=1,file={vars_copy}"]
     if spec.disk is not None:
         cmd += ["-drive", f"if=virtio,format=raw,file={spec.disk}"]
     if spec.powered_off:
         cmd.append("-S")
     return cmd
+
+
+def uefi_files(spec: VmSpec) -> tuple[Path, Path] | None:
+    """The UEFI firmware's code and the template of its variables, for a UEFI VM."""
+    if spec.firmware in ("bios", "direct"):
+        return None
+    if spec.arch == "arm64":
+        return AAVMF_CODE, AAVMF_VARS
+    return (
+        (OVMF_SECBOOT_CODE, OVMF_MS_VARS) if spec.firmware == "uefi-sb" else (OVMF_CODE, OVMF_VARS)
+    )
 
 
 def die_with_parent() -> None:
@@ -321,8 +366,9 @@ class Lab:
             # a bridge port needs no IPv6 of its own: keeps the host's RS/DAD off the VM
             self.run(["sysctl", "-qw", f"net.ipv6.conf.{spec.tap}.disable_ipv6=1"])
             self.run(["ip", "link", "set", spec.tap, "master", self.bridge, "up"])
-        if spec.firmware != "bios" and not (self.run_dir / f"{spec.name}.vars.fd").exists():
-            shutil.copyfile(OVMF_VARS, self.run_dir / f"{spec.name}.vars.fd")
+        firmware = uefi_files(spec)
+        if firmware is not None and not (self.run_dir / f"{spec.name}.vars.fd").exists():
+            shutil.copyfile(firmware[1], self.run_dir / f"{spec.name}.vars.fd")
         qmp_path = self.run_dir / f"{spec.name}.qmp"
         qmp_path.unlink(missing_ok=True)
         proc = self.popen(

@@ -36,6 +36,8 @@ MACHINES = {
     "cn003": VmSpec("cn003", "52:54:00:99:00:13", "uefi", powered_off=True),
     "cn004": VmSpec("cn004", "52:54:00:99:00:14", "uefi-pxe", powered_off=True),
     "stray": VmSpec("stray", "52:54:00:99:00:99", "bios"),
+    # an arm64 UEFI server (QEMU virt + AAVMF), in no node file of configs/: tests add it
+    "arm001": VmSpec("arm001", "52:54:00:99:00:21", "uefi-pxe", arch="arm64", memory_mb=512),
 }
 BMCS = {"cn001": "10.99.1.11", "cn002": "10.99.1.12", "cn003": "10.99.1.13", "cn004": "10.99.1.14"}
 

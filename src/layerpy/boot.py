@@ -15,16 +15,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from ipaddress import IPv4Address
+from pathlib import Path
 from typing import Any, Protocol
 
 from layerpy.config import Config
+from layerpy.config.records import EFI_ARCHES, MINOS_ARCHES
 from layerpy.logs import Throttle
 from layerpy.model import Node, Phase
 from layerpy.nodes import DISCOVERY, Ack, NodeStore, ReportRejected
 from layerpy.nodes.backend import CLIENTS, LEASES, TOKENS, Backend, Record, Unreachable
+from layerpy.proto import rpi
 from layerpy.proto.agent import Cmdline
 from layerpy.proto.dhcp import ANY, DISCOVER, OPT_VENDOR_CLASS, DhcpPacket, Offer
 from layerpy.proto.dhcp_server import Action, Effect, Grant
@@ -34,28 +38,63 @@ log = logging.getLogger("layerpy.dhcp")
 quiet = Throttle(log)  # what a client causes on every retry: a few lines a minute
 RECHECK = 1.0  # seconds: how often a node's boot token may be read again from etcd
 TOKEN_WAIT = 2.0  # seconds a boot script waits for its token to reach etcd (a cluster)
+CMDLINE_KEEP = 300.0  # seconds a Pi's cmdline.txt (and its token) serves the same boot
 
 
 @dataclass(frozen=True)
 class Firmware:
-    """A kind of boot firmware: which iPXE binary of ``[ipxe]`` it is sent, and how."""
+    """A kind of boot firmware: which iPXE binary of ``[ipxe]`` it is sent, and how; which
+    of Debian's signed loaders (shim, then GRUB) it can run instead; or, for firmware that
+    loads no iPXE, the PXE menu item it looks for (its files by TFTP)."""
 
     name: str  # in logs and boot timelines
-    binary: str  # the [ipxe] key naming the binary
+    binary: str  # the [ipxe] key naming the binary ("" with a menu)
     http: bool = False  # UEFI HTTP boot: the binary by http:// URL (no TFTP)
+    menu: str | None = None  # option 43's boot menu item instead of a binary
+    efi_arch: str | None = None  # shim's name for its architecture (config.EFI_ARCHES)
+    arch: str = "amd64"  # the CPU it runs on: which minOS it boots (MINOS_ARCHES)
+
+
+def arch_of(firmware: str | None) -> str:
+    """The CPU architecture of a boot firmware's name (x86-64 when not known)."""
+    kind = FIRMWARE.get(firmware or "")
+    return "amd64" if kind is None else kind.arch
+
+
+def node_arch(node: Node) -> str:
+    """The CPU architecture of the firmware that started the node's boot."""
+    return arch_of(node.boot.firmware if node.boot is not None else None)
+
+
+def minos_dir(arch: str) -> str:
+    """Where a minOS's files are served (TFTP and HTTP): minos/ for x86-64, else minos/<arch>."""
+    return "minos" if arch == "amd64" else f"minos/{arch}"
 
 
 # IANA "Processor Architecture Types" (DHCP option 93, RFC 4578 and later); anything else
 # is refused and logged, not guessed at.
 ARCHITECTURES = {
     0: Firmware("bios", "bios"),
-    7: Firmware("uefi", "uefi"),
-    9: Firmware("uefi", "uefi"),
-    11: Firmware("uefi-arm64", "arm64"),
-    16: Firmware("uefi-http", "uefi", http=True),
-    19: Firmware("uefi-arm64-http", "arm64", http=True),
+    7: Firmware("uefi", "uefi", efi_arch="x64"),
+    9: Firmware("uefi", "uefi", efi_arch="x64"),
+    11: Firmware("uefi-arm64", "arm64", efi_arch="aa64", arch="arm64"),
+    16: Firmware("uefi-http", "uefi", http=True, efi_arch="x64"),
+    19: Firmware("uefi-arm64-http", "arm64", http=True, efi_arch="aa64", arch="arm64"),
 }
-FIRMWARE = {firmware.name: firmware for firmware in ARCHITECTURES.values()}
+# A Raspberry Pi 4/5 bootloader says arch 0 like a BIOS; its option 97 tells it apart.
+RPI = Firmware("rpi", "", menu=rpi.MENU, arch="arm64")
+FIRMWARE = {firmware.name: firmware for firmware in (*ARCHITECTURES.values(), RPI)}
+# Debian 12's signed netboot GRUB (grubnet<arch>.efi): built with the prefix "/grub" on the
+# TFTP server it came from and a memdisk grub.cfg that sources $prefix/<platform>/grub.cfg
+# if it exists, else $prefix/grub.cfg; it has TFTP but no HTTP (docs/secure-boot.md).
+GRUB_CONFIG = "grub/grub.cfg"
+# The minOS's files by name (TFTP for GRUB, HTTP for iPXE): the x86-64 one under minos/,
+# the others under minos/<arch>/.
+MINOS_FILES = {
+    f"{minos_dir(arch)}/{phase.value}": (arch, phase)
+    for arch in MINOS_ARCHES
+    for phase in (Phase.KERNEL, Phase.INITRD)
+}
 KEPT = (BOUND, DECLINED, FREE)  # lease states kept: an offer is no promise
 DISCOVERY_LEASE = 300  # seconds: a discovery address is only held until the node is known
 PER_PORT = 4  # discovery addresses the machines behind one relay port may hold at once
@@ -66,6 +105,9 @@ def firmware_of(request: DhcpPacket) -> str:
     ``arch-N`` for an architecture nobody knows."""
     if request.is_ipxe:
         return "ipxe"
+    guid = request.rpi_guid  # a Pi's REQUEST has no option 60: ask before it
+    if guid is not None and guid[0] is not None and not request.is_http_client:
+        return RPI.name
     if not (request.is_pxe_client or request.is_http_client):
         return "os"
     arch = request.client_arch
@@ -98,6 +140,22 @@ class Refused(Exception):
     """A boot script asked for from an address it is not for; the message says whose it is."""
 
 
+class SignedOnly(Exception):
+    """An iPXE script asked for a node that boots only by the signed path (secure_boot)."""
+
+
+def phase_of(name: str) -> Phase:
+    """The boot phase a file fetched by TFTP is: the minOS's kernel or initrd, else TFTP."""
+    arch_phase = MINOS_FILES.get(name.lstrip("/"))
+    return Phase.TFTP if arch_phase is None else arch_phase[1]
+
+
+def grub_words(cmdline: str) -> str:
+    """A kernel command line as GRUB script words, each single-quoted (GRUB joins a linux
+    command's words with spaces, and would expand $ or split at ; in them otherwise)."""
+    return " ".join("'" + word.replace("'", "'\\''") + "'" for word in cmdline.split())
+
+
 class Booter(Protocol):
     """The boot services' one door to the nodes: what a machine is to boot, and what it
     fetched (and the agent's report, which ends a boot). Nothing else of the node store."""
@@ -121,6 +179,7 @@ class Booter(Protocol):
     def apply(self, verdict: Verdict, effects: Iterable[Effect]) -> None: ...
     def keeping(self) -> Awaitable[bool] | None: ...
     async def script(self, name: str, remote: str) -> str | None: ...
+    async def loader_file(self, name: str, remote: str) -> bytes | Path | None: ...
     def discovery_script(self, mac: str, remote: str) -> str | None: ...
     def fetched(self, remote: str, phase: Phase) -> None: ...
     def known(self, address: str) -> bool: ...
@@ -180,6 +239,9 @@ class BootPolicy:
         self.peers: tuple[str, ...] = ()  # the other instances' URLs on this segment
         self.owner_url: Callable[[str], str | None] = lambda node: None  # its owner's URL
         self._rechecked: dict[str, float] = {}  # node -> when its token was read again
+        # node (or discover/MAC) -> (when, token, text): a Pi's cmdline.txt, read more than
+        # once in one boot; oldest first, none older than CMDLINE_KEEP kept
+        self._cmdlines: OrderedDict[str, tuple[float, str, bytes]] = OrderedDict()
         if self._shared:
             self.backend.on_change(self._leased_elsewhere)
 
@@ -336,10 +398,10 @@ class BootPolicy:
         location = self._relay_location(request)
         located = self.nodes.who_is(mac, location) if location is not None else None
         node = located or self.nodes.by_mac(mac)
-        loads = self._loads(firmware)
-        if loads is None:  # boot firmware we have no binary for: refused, not guessed at
-            why = f"firmware {firmware} (option 93): no iPXE binary for it in [ipxe]"
-            return Verdict(mac, firmware, vendor, node, location, False, None, why, True)
+        node, firmware = self._pi(request, node, firmware)
+        loads = self._loads(firmware, node)
+        if isinstance(loads, str):  # boot firmware we have nothing for: refused, not guessed at
+            return Verdict(mac, firmware, vendor, node, location, False, None, loads, True)
         if node is not None:
             grant: Grant | None = Grant(self._offer_for(node, firmware, loads))
             why = node.name
@@ -348,6 +410,21 @@ class BootPolicy:
         boot_request = node is not None and firmware != "os" and request.message_type == DISCOVER
         return Verdict(mac, firmware, vendor, node, location, boot_request, grant, why,
                        xid=request.xid)  # fmt: skip
+
+    def _pi(self, request: DhcpPacket, node: Node | None, firmware: str) -> tuple[Node | None, str]:
+        """A Raspberry Pi bootloader is known by its serial (option 97) where its MAC is not
+        in the file; one that sends the old GUID (the serial four times, which anything
+        could send) is a Pi only when that serial is the node's."""
+        guid = request.rpi_guid
+        if guid is None:
+            return node, firmware
+        model, serial = guid
+        if node is None and model is not None:
+            name = self.config.serials.get(serial)
+            node = self.nodes.nodes.get(name) if name is not None else None
+        elif node is not None and model is None and node.config.serial == serial:
+            firmware = RPI.name if firmware == "bios" else firmware
+        return node, firmware
 
     def apply(self, verdict: Verdict, effects: Iterable[Effect]) -> None:
         """Write what a request showed, then what the answer to it commits, journalled
@@ -372,6 +449,7 @@ class BootPolicy:
         if effect.action is Action.OFFERED:  # a DISCOVER left unanswered starts no boot
             if verdict.boot_request and verdict.node is not None:
                 self.nodes.saw_boot_request(verdict.node, verdict.firmware, verdict.xid)
+                self._cmdlines.pop(verdict.node.name, None)  # a new boot: a new cmdline.txt
             return
         if effect.action is Action.ACKED:
             if verdict.node is not None and verdict.firmware != "os":
@@ -508,7 +586,10 @@ class BootPolicy:
         if remote != str(address):
             raise Refused(str(address))
         token = self.nodes.discovery_token(mac)
-        return None if token is None else self._script(DISCOVERY, token, mac)
+        if token is None:
+            return None
+        arch = arch_of(self.nodes.unknown[mac].firmware)
+        return self._script(DISCOVERY, arch, self._cmdline(DISCOVERY, token, mac))
 
     def _offer_for(self, node: Node, firmware: str, loads: dict[str, Any]) -> Offer:
         """Authoritative: the node's address and what to boot. Proxy: what to boot, and
@@ -530,56 +611,222 @@ class BootPolicy:
             **loads,
         )
 
-    def _loads(self, firmware: str) -> dict[str, Any] | None:
+    def _loads(self, firmware: str, node: Node | None) -> dict[str, Any] | str:
         """What a client of this firmware is told to load (Offer fields): nothing more for
-        an OS or iPXE (the caller adds the script), the iPXE binary for boot firmware, or
-        None when the node file has no binary for it."""
-        if firmware in ("os", "ipxe"):
+        an OS or iPXE (the caller adds the script), for boot firmware the iPXE binary or
+        Debian's signed shim (which loads the signed GRUB), for a Raspberry Pi's bootloader
+        the PXE menu it looks for (its files come by TFTP); or why it gets nothing.
+
+        The signed path is the only one for a node with ``secure_boot``, and the one for a
+        node whose firmware [ipxe] has no binary for (arm64) where the signed loaders are
+        there. Not for a machine no node claims: GRUB's config is a node's."""
+        secure = node is not None and node.config.secure_boot
+        if firmware == "os" or (firmware == "ipxe" and not secure):
             return {}
+        if firmware == "ipxe":
+            return "iPXE asks, but the node has secure_boot = true: it gets the signed path only"
         kind = FIRMWARE.get(firmware)
-        binary = getattr(self.config.ipxe, kind.binary) if kind is not None else None
-        if kind is None or binary is None:
-            return None
-        if kind.http:
-            return {"bootfile": f"{self.base_url}/ipxe/{binary}"}
-        return {"bootfile": binary, "next_server": self.config.server.address}
+        no_binary = f"firmware {firmware} (option 93): no iPXE binary for it in [ipxe]"
+        if kind is None:
+            return no_binary
+        if kind.menu is not None:
+            if self.config.rpi is None:
+                return "a Raspberry Pi bootloader (option 97): the node file has no [rpi]"
+            return {"pxe_menu": kind.menu, "next_server": self.config.server.address}
+        binary = getattr(self.config.ipxe, kind.binary)
+        if secure:
+            loads = self._signed_loads(kind)
+        elif binary is None:
+            signed = self._signed_loads(kind) if node is not None else no_binary
+            loads = no_binary if isinstance(signed, str) else signed
+        elif kind.http:
+            loads = {"bootfile": f"{self.base_url}/ipxe/{binary}"}
+        else:
+            loads = {"bootfile": binary, "next_server": self.config.server.address}
+        if isinstance(loads, dict) and self.config.minos.files(kind.arch) is None:
+            arch = kind.arch
+            return (f"firmware {kind.name}: no {arch} minOS to load (build it with "
+                    f"minos/build.sh --arch {arch}, or name it in [minos.{arch}])")  # fmt: skip
+        return loads
+
+    def _signed_loads(self, kind: Firmware) -> dict[str, Any] | str:
+        """Debian's signed shim by TFTP (shim then fetches GRUB beside it, GRUB its config
+        and the minOS, all by TFTP from the same server), or why not."""
+        signed = self.config.signed
+        if kind.efi_arch is None:
+            return f"firmware {kind.name}: no signed loader runs on it (secure_boot needs UEFI)"
+        if not signed.has(kind.efi_arch):
+            missing = f"{signed.shim(kind.efi_arch)} and {signed.grub(kind.efi_arch)}"
+            return f"firmware {kind.name}: no {missing} in {signed.directory} (signed.dir)"
+        if kind.http:  # tried: shim loads GRUB by HTTP, and GRUB stops at its shell
+            return (f"firmware {kind.name}: UEFI HTTP boot, but Debian 12's signed GRUB, "
+                    "started that way, finds no config; let the machine boot by PXE")  # fmt: skip
+        return {"bootfile": signed.shim(kind.efi_arch), "next_server": self.config.server.address}
 
     def script_url(self, node: Node) -> str:
         return f"{self.base_url}/boot/{node.name}.ipxe"
 
     async def script(self, name: str, remote: str) -> str | None:
         """The iPXE script that loads the minOS with a fresh boot token, for node `name`
-        asking from `remote` (None: no such node; Refused: `remote` is not its address).
-        In a cluster it goes out once the token is in etcd (TOKEN_WAIT at most): the agent
-        says hello to the node's owner, which may be another instance."""
+        asking from `remote` (None: no such node; Refused: `remote` is not its address;
+        SignedOnly: the node boots by the signed path only)."""
         node = self.nodes.nodes.get(name)
         if node is None:
             return None
         address = self.address_of(node)
         if address is None or remote != str(address):
             raise Refused(str(address or "the address it shows the ProxyDHCP server (none yet)"))
+        if node.config.secure_boot:
+            raise SignedOnly(name)
+        return self._script(node.name, node_arch(node), await self._boot_cmdline(node))
+
+    async def grub_config(self, remote: str) -> str | None:
+        """The GRUB config that loads the minOS with a fresh boot token, for the node at
+        `remote`: GRUB asks for the same file name from every machine, so the asking address
+        is what names the node, and a machine gets only its own (None: no node there)."""
+        node = self.nodes.by_ip(remote)
+        if node is None:
+            return None
+        cmdline, server = await self._boot_cmdline(node), self.config.server.address
+        files = f"(tftp,{server})/{minos_dir(node_arch(node))}"
+        return (
+            f"echo 'layerpy: booting {node.name} into the minOS'\n"
+            f"linux {files}/kernel {grub_words(cmdline)}\n"
+            f"initrd {files}/initrd\n"
+            "boot\n"
+        )
+
+    async def loader_file(self, name: str, remote: str) -> bytes | Path | None:
+        """A file TFTP serves by name beside its root's, for the machine at `remote`: a
+        Raspberry Pi's (rpi_file); or one the signed path fetches: a signed loader, the
+        node's GRUB config (Refused: no node at that address) or the minOS's kernel or
+        initrd; None: not one of those (an iPXE binary, or nothing)."""
+        if (pi := await self.rpi_file(name, remote)) is not None:
+            return pi
+        name = name.lstrip("/")
+        signed, minos = self.config.signed, self.config.minos
+        if name in {f(arch) for arch in EFI_ARCHES for f in (signed.shim, signed.grub)}:
+            return signed.directory / name
+        if name == GRUB_CONFIG:
+            config = await self.grub_config(remote)
+            if config is None:
+                raise Refused(f"{GRUB_CONFIG} goes only to a node, at its own address")
+            return config.encode()
+        if name in MINOS_FILES:
+            arch, phase = MINOS_FILES[name]
+            files = minos.files(arch)
+            return None if files is None else files[phase is Phase.INITRD]
+        return None
+
+    async def rpi_file(self, name: str, remote: str) -> bytes | Path | None:
+        """A Raspberry Pi's TFTP file (docs/hardware.md): for the node at `remote` when it
+        boots as a Pi, or the unknown Pi holding that discovery pool address, when the node
+        file has [rpi]; None when the request is no Pi's (the TFTP root then answers it, as
+        for iPXE). FileNotFoundError: a Pi's request outside its map, or under another
+        Pi's directory."""
+        settings = self.config.rpi
+        node = self.nodes.by_ip(remote) if settings is not None else None
+        mac = self._discovering_pi(remote) if settings is not None and node is None else None
+        if settings is None or (node is None and mac is None):
+            return None
+        if node is not None and not self._is_pi(node):
+            return None
+        asked = rpi.parse_path(name)
+        serial = node.config.serial if node is not None else None
+        if node is not None:
+            mac = node.mac or node.config.mac
+        if asked is None or (
+            asked.prefix and serial and asked.prefix not in rpi.prefixes(serial, mac)
+        ):
+            raise FileNotFoundError(name)
+        if asked.name == rpi.CONFIG:
+            return rpi.config_txt(node.name if node else DISCOVERY, settings.config).encode()
+        if asked.name == rpi.CMDLINE:
+            return await self._pi_cmdline(node, mac or "")
+        if asked.name in (rpi.KERNEL, rpi.INITRD):
+            if node is not None:
+                self.nodes.mark(node, Phase.KERNEL if asked.name == rpi.KERNEL else Phase.INITRD)
+            return settings.kernel if asked.name == rpi.KERNEL else settings.initrd
+        found = settings.directory.joinpath(*asked.name.split("/"))
+        if not found.is_file():
+            raise FileNotFoundError(name)
+        return found
+
+    def _is_pi(self, node: Node) -> bool:
+        """Whether a node boots as a Pi: the file gives its serial, or its boot began with
+        a Pi bootloader's DHCP."""
+        boot = node.boot
+        return bool(node.config.serial) or (boot is not None and boot.firmware == RPI.name)
+
+    def _discovering_pi(self, remote: str) -> str | None:
+        """The MAC of the unknown Pi holding the discovery pool address `remote`, if one
+        does: it boots the minOS to be located, as an unknown PC does through iPXE."""
+        table = self._leases
+        mac = table.holder(remote) if table is not None else None
+        machine = self.nodes.unknown.get(mac) if mac is not None else None
+        return mac if machine is not None and machine.firmware == RPI.name else None
+
+    async def _pi_cmdline(self, node: Node | None, mac: str) -> bytes:
+        """cmdline.txt: the iPXE script's command line (a node's, or a discovery boot's),
+        then ``[rpi] cmdline``. Its token is issued once a boot (the Pi reads the file more
+        than once: probe, read, and again from start4.elf); a new DHCP DISCOVER, another
+        token issued, or CMDLINE_KEEP seconds start the next."""
+        now = time.monotonic()
+        key = node.name if node is not None else f"{DISCOVERY}/{mac}"
+        kept = self._cmdlines.get(key)
+        if kept is not None and now - kept[0] < CMDLINE_KEEP:
+            _, token, text = kept
+            if node is not None and self.nodes.holds_token(node.name, token):
+                return text
+            if node is None and self.nodes.unknown.check_token(mac, token) is not None:
+                return text
+        if node is not None:
+            cmdline = await self._boot_cmdline(node)
+            self.nodes.mark(node, Phase.SCRIPT)
+        else:
+            token = self.nodes.discovery_token(mac)
+            if token is None:
+                raise FileNotFoundError(rpi.CMDLINE)
+            cmdline = self._cmdline(DISCOVERY, token, mac)
+        settings = self.config.rpi
+        extra = settings.cmdline if settings is not None else ""
+        text = (" ".join(arg for arg in (cmdline, extra) if arg) + "\n").encode()
+        self._cmdlines[key] = (now, Cmdline.parse(cmdline).token, text)
+        self._cmdlines.move_to_end(key)
+        while now - next(iter(self._cmdlines.values()))[0] >= CMDLINE_KEEP:
+            self._cmdlines.popitem(last=False)
+        return text
+
+    async def _boot_cmdline(self, node: Node) -> str:
+        """A new boot token for `node`, and the minOS command line that carries it. In a
+        cluster it is returned once the token is in etcd (TOKEN_WAIT at most): the agent
+        says hello to the node's owner, which may be another instance."""
         token = self.nodes.issue_token(node)
         mac = node.mac or node.config.mac or ""
-        script = self._script(node.name, token, mac, node.config.persist_disk or "")
+        cmdline = self._cmdline(node.name, token, mac, node.config.persist_disk or "")
         if self._shared:
             try:
-                await asyncio.wait_for(self.backend.written(TOKENS, name), TOKEN_WAIT)
+                await asyncio.wait_for(self.backend.written(TOKENS, node.name), TOKEN_WAIT)
             except TimeoutError:
                 quiet.log("token not in etcd", logging.WARNING, "%s: its boot token is not in "
-                          "etcd after %g s; the script goes anyway", name, TOKEN_WAIT)  # fmt: skip
-        return script
+                          "etcd after %g s; it goes anyway", node.name, TOKEN_WAIT)  # fmt: skip
+        return cmdline
 
-    def _script(self, name: str, token: str, mac: str, persist: str = "") -> str:
+    def _cmdline(self, name: str, token: str, mac: str, persist: str = "") -> str:
+        """The minOS kernel's command line: the node file's [minos] cmdline, then layerpy's
+        arguments (one source for the iPXE script, the GRUB config and a Pi's cmdline.txt)."""
         heartbeat = self.config.server.heartbeat
         layerpy = Cmdline(self.base_url, name, token, mac, heartbeat, persist=persist,
                           servers=self.servers_of(name))  # fmt: skip
-        cmdline = " ".join(arg for arg in ("initrd=minos", self.config.minos.cmdline) if arg)
-        cmdline += " " + layerpy.format()
+        return " ".join(arg for arg in (self.config.minos.cmdline, layerpy.format()) if arg)
+
+    def _script(self, name: str, arch: str, cmdline: str) -> str:
+        files = f"{self.base_url}/{minos_dir(arch)}"
         return (
             "#!ipxe\n"
             f"echo layerpy: booting {name} into the minOS\n"
-            f"kernel {self.base_url}/minos/kernel {cmdline}\n"
-            f"initrd --name minos {self.base_url}/minos/initrd\n"
+            f"kernel {files}/kernel initrd=minos {cmdline}\n"
+            f"initrd --name minos {files}/initrd\n"
             "boot\n"
         )
 

@@ -9,6 +9,7 @@ from collections import Counter, defaultdict
 from layerpy.lifecycle import Lifecycle
 from layerpy.stats import Census
 
+SECURE_BOOT = {True: "on", False: "off", None: "unknown"}  # a node's report, as a label
 SLICE = 2000  # nodes counted for a scrape before the event loop runs others (about 2 ms)
 
 
@@ -17,6 +18,7 @@ async def count(lifecycle: Lifecycle) -> Census:
     delay every DHCP answer as long."""
     observed: defaultdict[str, Counter[str]] = defaultdict(Counter)
     unsettled: Counter[str] = Counter()
+    secure: Counter[str] = Counter()  # Secure Boot as the agents report it; "missing": off
     counted = 0
     names = list(lifecycle.store.nodes)
     for start in range(0, len(names), SLICE):
@@ -32,6 +34,8 @@ async def count(lifecycle: Lifecycle) -> Census:
             for variable, wanted in lifecycle.desired_of(name).items():
                 if wanted is not None and dsc[variable] != wanted:
                     unsettled[variable] += 1
+            secure[SECURE_BOOT[node.secure_boot]] += 1
+            secure["missing"] += node.config.secure_boot and node.secure_boot is False
         await asyncio.sleep(0)
     return Census(
         counted,
@@ -40,4 +44,5 @@ async def count(lifecycle: Lifecycle) -> Census:
         lifecycle.engine.stats(),
         len(lifecycle.store.unknown.machines),
         Counter(entry.state for entry in lifecycle.catalog.entries.values()),
+        secure,
     )

@@ -564,6 +564,14 @@ STATE_DIR_OPTION = click.option(
 )
 
 
+def _platform(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from layerpy.proto.platform import PATTERN
+
+    if not PATTERN.fullmatch(value):
+        raise click.BadParameter(f"{value!r} is not os/architecture[/variant]")
+    return value
+
+
 def _store(config: Config, state_dir: Path | None) -> Any:
     from layerpy.images import ImageStore
 
@@ -572,10 +580,15 @@ def _store(config: Config, state_dir: Path | None) -> Any:
 
 @image.command("pull")
 @click.argument("name")
+@click.option("--platform", default="linux/amd64", show_default=True, callback=_platform,
+              help="the nodes' platform: which image of a multi-architecture index, "
+              "e.g. linux/arm64/v8")  # fmt: skip
 @CONFIG_OPTION
 @STATE_DIR_OPTION
 @output_option()
-def image_pull(name: str, config_path: Path, state_dir: Path | None, output: str) -> None:
+def image_pull(
+    name: str, platform: str, config_path: Path, state_dir: Path | None, output: str
+) -> None:
     """Pull NAME, an image of the node file or a source (registry://…, oci-layout:…)."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
@@ -596,7 +609,7 @@ def image_pull(name: str, config_path: Path, state_dir: Path | None, output: str
             progress.update(task, completed=done, total=total)
 
         try:
-            pulled = asyncio.run(_store(config, state_dir).pull(name, source, advance))
+            pulled = asyncio.run(_store(config, state_dir).pull(name, source, advance, platform))
         except ImageError as error:
             click.echo(f"layerpy image pull: {error}", err=True)
             sys.exit(1)

@@ -105,6 +105,7 @@ class Node:
     binding: dict[str, Any] | None = None  # the last change of its machine: MAC, previous, how
     rebind_pending: dict[str, Any] | None = None  # new hardware waiting for `layerpy bind`
     problem: str | None = None  # what its agent gets wrong (e.g. another protocol version)
+    secure_boot: bool | None = None  # as its agent reports the firmware's word; None: unsaid
     console_problem: str | None = None  # a panic, oops... seen on its console in this boot
     console_seen: frozenset[str] = frozenset()  # the kinds of problem seen in this boot
     last_report: float | None = None
@@ -135,6 +136,7 @@ class Node:
             "rebind_pending": self.rebind_pending,
             "problem": self.problem,
             "console_problem": self.console_problem,
+            "secure_boot": self.secure_boot,
             "image": {
                 "name": self.config.image,
                 "state": self.image_state,

@@ -301,6 +301,7 @@ class Server:
                 budget=TftpBudget(
                     plan.tftp, plan.tftp_per_address, plan.tftp_known, self.policy.known
                 ),
+                lookup=self.policy.loader_file,
             )
         )
         self.catalog.sync(self.config)  # images pull in the background

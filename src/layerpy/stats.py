@@ -349,6 +349,9 @@ class Census:
     engine: Mapping[str, int] = field(default_factory=dict)  # the engine's own counts
     unknown: int = 0  # machines booting that no node claims
     images: Mapping[str, int] = field(default_factory=dict)  # images by pull state
+    # Secure Boot as agents report it (on, off, unknown), and "missing": off on a node whose
+    # file wants secure_boot
+    secure_boot: Mapping[str, int] = field(default_factory=dict)
 
 
 Count = Callable[[], Awaitable[Census]]
@@ -420,3 +423,16 @@ class NodeStates:
         for state in ("pulling", "ready", "error"):
             images.add_metric([state], census.images.get(state, 0))
         yield images
+        secure = GaugeMetricFamily(
+            "layerpy_nodes_secure_boot",
+            "Nodes by Secure Boot as their agents report it (unknown: not reported).",
+            labels=["state"],
+        )
+        for state in ("on", "off", "unknown"):
+            secure.add_metric([state], census.secure_boot.get(state, 0))
+        yield secure
+        yield GaugeMetricFamily(
+            "layerpy_nodes_secure_boot_missing",
+            "Nodes the node file gives secure_boot = true whose agent reports it off.",
+            census.secure_boot.get("missing", 0),
+        )

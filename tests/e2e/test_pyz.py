@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,8 @@ from layerpy.client import Client, ClientError
 from headnode import copy_into, root, wait_for
 from lab import Lab, VmSpec
 
+REPO = Path(__file__).resolve().parents[2]
+CACHE = Path("/var/cache/layerpy")
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(
@@ -47,6 +50,17 @@ cmdline = "console=ttyS0"
 ip = "10.99.0.11"
 mac = "52:54:00:99:00:11"
 """
+
+
+# Boot files the server in the bare root serves from the pyz alone (by HTTP, or TFTP for
+# what only the signed path fetches), and where they came from
+CARRIED = {
+    "http://10.99.0.1:8080/minos/arm64/kernel": REPO / "minos" / "out-arm64" / "vmlinuz",
+    "http://10.99.0.1:8080/minos/arm64/initrd": REPO / "minos" / "out-arm64" / "initrd",
+    "http://10.99.0.1:8080/ipxe/ipxe-arm64.efi": CACHE / "ipxe" / "ipxe-arm64.efi",
+    "tftp://10.99.0.1/shimaa64.efi": CACHE / "signed" / "shimaa64.efi",
+    "tftp://10.99.0.1/grubx64.efi": CACHE / "signed" / "grubx64.efi",
+}
 
 
 def test_the_pyz_alone_boots_a_node_to_ready(tmp_path, pyz) -> None:
@@ -82,6 +96,10 @@ def test_the_pyz_alone_boots_a_node_to_ready(tmp_path, pyz) -> None:
             shown = subprocess.run([*socket, "http://layerpy/metrics"], capture_output=True,
                                    text=True).stdout  # fmt: skip
             assert 'layerpy_nodes_run{state="ready"} 1.0' in shown.splitlines()  # and prometheus
+            for served, source in CARRIED.items():  # the arm64 and signed boot files too
+                fetched = tmp_path / "fetched"
+                lab.run(["curl", "-sf", "-o", str(fetched), served])
+                assert fetched.read_bytes() == source.read_bytes(), f"{served} is not {source}"
         finally:
             if server.poll() is None:
                 os.killpg(server.pid, signal.SIGTERM)

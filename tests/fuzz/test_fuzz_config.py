@@ -33,7 +33,10 @@ VALID: dict[str, Any] = {
     "groups": {"compute": {"nodes": "cn[001-002]", "ip": "10.99.0.[11-12]",
                            "mac": ["52:54:00:99:00:11", "52:54:00:99:00:12"], "image": "rocky",
                            "bmc": {"driver": "none"}, "vars": {"rack": "a"}}},
-    "nodes": {"cn003": {"ip": "10.99.0.13", "location": "sw1:swp3", "power": "off"}},
+    "nodes": {"cn003": {"ip": "10.99.0.13", "location": "sw1:swp3", "power": "off",
+                        "bmc": {"driver": "command", "address": "pdu1", "on": "p {address} '{node} x' on",
+                                "off": "p off", "status": "p {x}", "status_exit": {"on": 0, "off": 1}},
+                        "vars": {"x": 3}}},
     "files": {"/etc/motd": {"template": "motd", "mode": "0644", "nodes": "cn[001-003]"}},
 }  # fmt: skip
 """A node file that loads (checked below), for the generator to spoil one key at a time."""
@@ -52,7 +55,7 @@ odd_strings = st.one_of(
         "sw1:swp[1-100000]", "10.99.0.0/0", "0.0.0.0/0", "10.99.0.250-10.99.0.200",
         "10.99.0.1:99999", "../../etc/passwd", "/dev/zero", "{node}", "{x}", "~root/x",
         "ipmi", "redfish", "sol", "proxy", "off", "mac", "LABEL=x", "/dev/sda1", "not-utf8",
-        "x" * 300 + "/y", "~no-such-user-7/x",
+        "x" * 300 + "/y", "~no-such-user-7/x", "command", "{0}", "{node!r}", "{", "a 'b", "",
     ]),
 )  # fmt: skip
 scalars = st.one_of(

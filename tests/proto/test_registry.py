@@ -14,6 +14,7 @@ import datetime
 import json
 import os
 import shutil
+import tarfile
 import threading
 import time
 import urllib.parse
@@ -30,6 +31,7 @@ from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from cryptography.x509.oid import NameOID
 
 from layerpy.images import ImageError, ImageSource, ImageStore, parse_source
+from layerpy.proto.platform import DEFAULT, architecture, of_machine
 
 from oci import Layout, Registry, build_image, busybox_layer, file, free_port, push
 
@@ -51,13 +53,21 @@ def source(registry: Registry, path: str, **credentials: str) -> ImageSource:
     )
 
 
-def pull(store: ImageStore, src: ImageSource, name: str = "base", progress=None):
-    return asyncio.run(store.pull(name, src, progress))
+def pull(
+    store: ImageStore,
+    src: ImageSource,
+    name: str = "base",
+    progress=None,
+    platform: str = "linux/amd64",
+):
+    return asyncio.run(store.pull(name, src, progress, platform))
 
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory):
-    """An anonymous registry holding lab/a:1, lab/b:1 and a two-platform lab/multi:1."""
+    """An anonymous registry holding lab/a:1, lab/b:1, a two-platform lab/multi:1, and
+    lab/arm:1 as `docker buildx` makes one: arm64/v8, arm/v7 and amd64 images and an
+    attestation manifest (unknown/unknown)."""
     tmp = tmp_path_factory.mktemp("registry")
     registry = Registry(tmp / "registry")
     try:
@@ -71,9 +81,19 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
             for arch in ("arm64", "amd64")
         }
         multi.tag("latest", multi.index(list(platforms.values())))
-        for name, layout in {**layouts, "multi": multi.path}.items():
+        arm = Layout(tmp / "arm")
+        builds = {
+            "/".join(filter(None, ("linux", arch, variant))): arm.image(
+                [busybox_layer(), [file("arch", f"{arch}/{variant}")]], arch=arch, variant=variant
+            )
+            for arch, variant in (("arm", "v7"), ("arm64", "v8"), ("amd64", None))
+        }
+        attestation = arm.image([[file("provenance.json", "{}")]], arch="unknown")
+        attestation["platform"] = {"architecture": "unknown", "os": "unknown"}
+        arm.tag("latest", arm.index([attestation, *builds.values()]))
+        for name, layout in {**layouts, "multi": multi.path, "arm": arm.path}.items():
             push(layout, registry.address, f"lab/{name}", "1")
-        yield registry, layouts, platforms
+        yield registry, layouts, {**platforms, **builds}
     finally:
         registry.close()
 
@@ -99,13 +119,40 @@ def test_pull_by_tag_and_digest(lab, tmp_path: Path) -> None:
 
 def test_manifest_list_resolves_to_the_platform(lab, tmp_path: Path) -> None:
     registry, _, platforms = lab
-    for arch, descriptor in platforms.items():
-        image = pull(ImageStore(tmp_path / arch, arch=arch), source(registry, "lab/multi:1"))
-        assert image.digest == descriptor["digest"] and image.architecture == arch
+    for arch in ("arm64", "amd64"):
+        image = pull(ImageStore(tmp_path / arch), source(registry, "lab/multi:1"),
+                     platform=f"linux/{arch}")  # fmt: skip
+        assert image.digest == platforms[arch]["digest"] and image.architecture == arch
     with pytest.raises(
         ImageError, match=r"no linux/s390x image \(offers: linux/arm64, linux/amd64\)"
     ):
-        pull(ImageStore(tmp_path / "s390x", arch="s390x"), source(registry, "lab/multi:1"))
+        pull(
+            ImageStore(tmp_path / "s390x"), source(registry, "lab/multi:1"), platform="linux/s390x"
+        )
+
+
+def test_each_node_platform_gets_its_own_manifest_of_an_index(lab, tmp_path: Path) -> None:
+    """One store pulls lab/arm:1 for an arm64 node (the platform its agent reports from
+    uname's aarch64: linux/arm64/v8), a 32-bit arm/v7 one and an amd64 one (an agent older
+    than protocol 1.3 reports none: linux/amd64); each gets its own manifest, and the
+    store remembers each by name and platform. A node whose variant the index lacks, and an
+    architecture it lacks, get no image, never another platform's."""
+    registry, _, platforms = lab
+    store = ImageStore(tmp_path / "store")
+    src = source(registry, "lab/arm:1")
+    for platform in (of_machine("aarch64"), of_machine("armv7l"), DEFAULT):
+        image = pull(store, src, "base", platform=platform)
+        assert image.digest == platforms[platform]["digest"], platform
+        assert image.architecture == architecture(platform)
+        assert store.named("base", platform) == image
+    assert store.named("base", "linux/arm64/v8") != store.named("base")
+    with tarfile.open(store.named("base", "linux/arm64/v8").rootfs) as flat:
+        assert flat.extractfile("arch").read() == b"arm64/v8"
+    with pytest.raises(ImageError, match=r"no linux/arm/v6 image \(offers: unknown/unknown, "
+                       r"linux/arm/v7, linux/arm64/v8, linux/amd64\)"):  # fmt: skip
+        pull(store, src, platform=of_machine("armv6l"))
+    with pytest.raises(ImageError, match=r"no linux/riscv64 image"):
+        pull(store, src, platform=of_machine("riscv64"))
 
 
 def test_missing_tag_and_repository(lab, tmp_path: Path) -> None:

@@ -178,6 +178,21 @@ def test_client_rejects_oack():
     assert (transfer.state, transfer.reason) == ("failed", "client error 8: no thanks")
 
 
+@pytest.mark.parametrize(
+    ("options", "error", "state"),
+    [
+        ({"tsize": "0", "blksize": "1024"}, Error(0, "Early terminate"), "sized"),  # a Pi's probe
+        ({"tsize": "0"}, Error(ErrorCode.BAD_OPTIONS, "no"), "failed"),  # options refused
+        ({"blksize": "1024"}, Error(0, "Early terminate"), "failed"),  # no size was told
+    ],
+)
+def test_a_size_query_ended_after_the_oack_is_done(options, error, state):
+    transfer = Transfer(rrq(**options), b"x" * 5000)
+    assert isinstance(decode(transfer.start()[0]), OAck)
+    assert transfer.receive(encode(error)) == []
+    assert transfer.state == state and transfer.bytes_acked == 0
+
+
 def test_duplicate_and_stale_acks_are_ignored():
     transfer = Transfer(rrq(), b"z" * 2000)
     transfer.start()

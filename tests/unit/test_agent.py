@@ -329,8 +329,9 @@ def test_hello_body(server, agents, tmp_path) -> None:
     assert set(hello) == {
         "node", "token", "mac", "ip", "hostname", "boot_id", "seq", "event",
         "busy", "uptime", "timeline", "lldp", "lldp_ignored", "agent_version", "image", "files", "persist",
-        "protocol",
+        "secure_boot", "platform", "protocol",
     }  # fmt: skip
+    assert hello["platform"] == "linux/amd64"  # this machine's, from uname
     assert hello["node"] == "t1"
     assert hello["token"] == "tok"
     assert hello["mac"] == "52:54:00:12:34:56"

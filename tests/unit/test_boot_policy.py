@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+from dataclasses import replace
 from ipaddress import IPv4Address
 
 import pytest
@@ -137,6 +138,56 @@ def test_arm64_gets_the_binary_the_file_names(make_config) -> None:
     )
     offer = answer(make_service(load(path)), request(dhcp.DISCOVER, **ARM64))
     assert offer.options[dhcp.OPT_BOOTFILE] == b"snp-arm64.efi"
+
+
+def arm64_loaders(directory) -> None:
+    """Stand-ins for Debian's signed arm64 shim and GRUB, beside the x86 ones."""
+    (directory / "signed").mkdir(exist_ok=True)
+    for name in ("shimaa64.efi", "grubaa64.efi"):
+        (directory / "signed" / name).write_bytes(b"MZ" * 100)
+
+
+def test_arm64_firmware_boots_the_arm64_minos_on_every_path(make_config, tmp_path) -> None:
+    """The node's boot firmware (DHCP option 93) picks the minOS: the GRUB config the
+    signed loaders fetch, an iPXE script, and the files by TFTP and HTTP names."""
+    arm64_loaders(tmp_path)
+    service = make_service(make_config())
+    offer = answer(service, request(dhcp.DISCOVER, **ARM64))
+    assert offer.options[dhcp.OPT_BOOTFILE] == b"shimaa64.efi"  # no arm64 iPXE: the loaders
+    booter = service.booter
+    grub = asyncio.run(booter.grub_config("10.99.0.11")).splitlines()
+    assert grub[1].startswith("linux (tftp,10.99.0.1)/minos/arm64/kernel 'console=ttyS0' ")
+    assert grub[2] == "initrd (tftp,10.99.0.1)/minos/arm64/initrd"
+    script = asyncio.run(booter.script("cn001", "10.99.0.11"))
+    assert "kernel http://10.99.0.1:8080/minos/arm64/kernel initrd=minos " in script
+    assert "/minos/kernel" not in script
+    grub_x86 = asyncio.run(booter.grub_config("10.99.0.12"))  # cn002 has not booted: x86-64
+    assert "(tftp,10.99.0.1)/minos/kernel " in grub_x86
+
+    def look(name: str):
+        return asyncio.run(booter.loader_file(name, "10.99.0.11"))
+
+    assert look("minos/arm64/kernel") == tmp_path / "vmlinuz-arm64"
+    assert look("/minos/arm64/initrd") == tmp_path / "initrd-arm64"
+    assert look("minos/kernel") == tmp_path / "vmlinuz"
+
+
+def test_arm64_firmware_without_an_arm64_minos_is_refused_with_why(
+    make_config, tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    arm64_loaders(tmp_path)
+    config = make_config()
+    text = config.path.read_text()
+    section = '[minos.arm64]\nkernel = "vmlinuz-arm64"\ninitrd = "initrd-arm64"\n'
+    config.path.write_text(text.replace(section, ""))
+    service = make_service(replace(load(config.path), minos=replace(config.minos, arm64=None)))
+    with caplog.at_level(logging.WARNING, "layerpy.dhcp"):
+        assert answer(service, request(dhcp.DISCOVER, **ARM64)) is None
+        assert answer(service, request(dhcp.DISCOVER, **UEFI)) is not None  # x86 boots on
+    assert caplog.messages == [
+        "cn001: not answered: firmware uefi-arm64: no arm64 minOS to load (build it with "
+        "minos/build.sh --arch arm64, or name it in [minos.arm64])"
+    ]
 
 
 def test_request_for_the_right_address_is_acked_and_timed(service) -> None:
@@ -503,3 +554,12 @@ def test_a_nodes_agent_is_given_its_owner_first(make_config) -> None:
     assert policy.servers_of("cn002") == (other, here)
     script = asyncio.run(policy.script("cn002", "10.99.0.12"))
     assert script is not None and f"layerpy.server={other},{here} " in script
+
+
+def test_arm64_ipxe_is_the_default_where_the_ipxe_dir_has_it(make_config, tmp_path) -> None:
+    assert make_config().ipxe.arm64 is None  # Debian 12's ipxe package has none
+    (tmp_path / "ipxe" / "ipxe-arm64.efi").write_bytes(b"MZ" * 100)
+    config = make_config()
+    assert config.ipxe.arm64 == "ipxe-arm64.efi"
+    offer = answer(make_service(config), request(dhcp.DISCOVER, **ARM64))
+    assert offer.options[dhcp.OPT_BOOTFILE] == b"ipxe-arm64.efi"

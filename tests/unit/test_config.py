@@ -95,7 +95,7 @@ BROKEN = {
     "unknown section": (
         ("[ipxe]", "[ipx]"),
         [
-            "nodes.toml:18: ipx: unknown section (known: server, network, minos, ipxe, api, images, switches, groups, nodes, files, cluster)"
+            "nodes.toml:18: ipx: unknown section (known: server, network, minos, ipxe, signed, api, images, switches, groups, nodes, files, cluster, rpi)"
         ],
     ),
     "wrong type": (
@@ -383,7 +383,7 @@ def test_consoles(write) -> None:
         ),
         (
             ('driver = "ipmi"', 'driver = "ipmi2"'),
-            "nodes.toml:25: groups.compute.bmc.driver: 'ipmi2' is not one of: ipmi, redfish, qemu, none",
+            "nodes.toml:25: groups.compute.bmc.driver: 'ipmi2' is not one of: ipmi, redfish, qemu, command, none",
         ),
         (
             ('password_file = "bmc.pass"', 'password_file = "absent.pass"'),
@@ -567,19 +567,24 @@ MINOS_SECTION = '[minos]\nkernel = "vmlinuz"\ninitrd = "minos.img"\ncmdline = "c
 
 def test_without_minos_files_the_bundled_minos_boots(write, monkeypatch, tmp_path) -> None:
     kernel, initrd = tmp_path / "bundled-vmlinuz", tmp_path / "bundled-initrd"
-    monkeypatch.setattr(bundle, "minos", lambda: (kernel, initrd))
+    arm64 = tmp_path / "bundled-vmlinuz-arm64", tmp_path / "bundled-initrd-arm64"
+    monkeypatch.setattr(bundle, "minos", lambda arch="amd64": {"amd64": (kernel, initrd)}.get(arch))
     config = load(write(VALID.replace(MINOS_SECTION, '[minos]\ncmdline = "quiet"\n')))
     assert (config.minos.kernel, config.minos.initrd, config.minos.cmdline) == (
         kernel,
         initrd,
         "quiet",
     )
+    assert config.minos.files("arm64") is None  # arm64 firmware is then refused, with why
+    both = {"amd64": (kernel, initrd), "arm64": arm64}
+    monkeypatch.setattr(bundle, "minos", lambda arch="amd64": both[arch])
+    assert load(write(VALID.replace(MINOS_SECTION, ""))).minos.files("arm64") == arm64
     config = load(write(VALID.replace(MINOS_SECTION, "")))
     assert config.minos.kernel == kernel
 
 
 def test_without_minos_files_or_a_bundled_minos_the_file_is_refused(write, monkeypatch) -> None:
-    monkeypatch.setattr(bundle, "minos", lambda: None)
+    monkeypatch.setattr(bundle, "minos", lambda arch="amd64": None)
     with pytest.raises(ConfigError) as raised:
         load(write(VALID.replace(MINOS_SECTION, "")))
     assert [p.message for p in raised.value.problems] == [
@@ -602,3 +607,191 @@ def test_api_origins_are_kept_as_browsers_send_them(write) -> None:
         "http://10.99.0.1:8081",
         "https://[::1]:8443",
     )
+
+
+COMMANDED = VALID.replace(
+    'mac = ["52:54:00:99:00:11", "52:54:00:99:00:12", "52:54:00:99:00:13"]\n',
+    'mac = ["52:54:00:99:00:11", "52:54:00:99:00:12", "52:54:00:99:00:13"]\n'
+    'bmc = { driver = "command", address = "[1-3]", on = "snmpset -c {community} pdu1 o.{address} i 1", '
+    'off = "snmpset -c {community} pdu1 o.{address} i 2", status = "snmpget -c {community} pdu1 o.{address}" }\n'
+    'vars = { community = "private" }\n',
+)
+
+
+def test_power_commands(write) -> None:
+    """Templates split once and filled per node: the group's variables, a node's own over
+    them, a node's own commands; {{ }} are braces, booleans and numbers read as in TOML."""
+    text = COMMANDED.replace(
+        '[nodes.cn003]\nip = "10.99.0.23"',
+        '[nodes.cn003]\nip = "10.99.0.23"\nvars = { community = "it\'s; other" }',
+    ) + (
+        'bmc = { driver = "command", port = 80, user = "u", on = "curl -d \'{{\\"on\\": {on}}}\' '
+        'http://plug-{node}:{port}/", off = "plug off", status = "plug {user} status", '
+        'cycle = "plug cycle", boot_network = "plug pxe", status_exit = { on = 0, off = 1 }, '
+        "timeout = 5 }\n"
+        "vars = { on = true }\n"
+    )
+    config = load(write(text))
+    cn001, cn003, login = (config.nodes[n].bmc.command for n in ("cn001", "cn003", "login"))
+    assert cn001.on == ("snmpset", "-c", "private", "pdu1", "o.1", "i", "1")
+    assert cn001.status == ("snmpget", "-c", "private", "pdu1", "o.1")
+    assert cn003.off == ("snmpset", "-c", "it's; other", "pdu1", "o.3", "i", "2")
+    assert (cn001.cycle, cn001.boot_network, cn001.status_exit, cn001.timeout) == ((), (), (), 20)
+    assert login.on == ("curl", "-d", '{"on": true}', "http://plug-login:80/")
+    assert (login.status, login.cycle, login.boot_network) == (
+        ("plug", "u", "status"), ("plug", "cycle"), ("plug", "pxe"),
+    )  # fmt: skip
+    assert (login.status_exit, login.timeout) == (((0, "on"), (1, "off")), 5.0)
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            ('on = "snmpset -c {community} pdu1 o.{address} i 1", ', ""),
+            "groups.compute.bmc.on: is required",
+        ),
+        (
+            ('on = "snmpset -c {community} pdu1 o.{address} i 1"', 'on = " "'),
+            "groups.compute.bmc.on: is empty: give the program and its arguments",
+        ),
+        (
+            ('on = "snmpset -c', "on = \"snmpset 'x -c"),
+            'groups.compute.bmc.on: "snmpset \'x -c {{community}} pdu1 o.{{address}} i 1": '
+            "No closing quotation (it is split into arguments like a shell line)",
+        ),
+        (
+            ('on = "snmpset -c {community}', 'on = "snmpset -c {comunity}'),
+            "groups.compute.bmc.on: cn001: {{comunity}} is no placeholder: not node, address, "
+            "port or user, nor one of its vars (community); add it to vars, or write {{{{ and "
+            "}}}} for braces",
+        ),
+        (
+            ('on = "snmpset -c {community}', 'on = "snmpset -c {0}'),
+            "groups.compute.bmc.on: 'snmpset -c {{0}} pdu1 o.{{address}} i 1': {{0}} is no "
+            "placeholder: write {{name}} (node, address, port, user or a variable), or {{{{ and "
+            "}}}} for braces",
+        ),
+        (
+            ('status = "snmpget -c {community}', 'status = "snmpget -c {community!r}'),
+            "groups.compute.bmc.status: 'snmpget -c {{community!r}} pdu1 o.{{address}}': "
+            "{{community!r}} is no placeholder: write {{name}} (node, address, port, user or a "
+            "variable), or {{{{ and }}}} for braces",
+        ),
+        (
+            ('off = "snmpset', 'off = "{ snmpset'),
+            "groups.compute.bmc.off: '{{ snmpset -c {{community}} pdu1 o.{{address}} i 2': "
+            "Single '{{' encountered in format string; write {{{{ or }}}} for a brace",
+        ),
+        (
+            ("o.{address} i 2", "o.{port} i 2"),
+            "groups.compute.bmc.off: cn001: {{port}} is used, but the bmc table sets no port",
+        ),
+        (
+            ('vars = { community = "private" }', "vars = { community = { v = 2 } }"),
+            "groups.compute.bmc.on: cn001: {{community}}: vars.community is no string, number "
+            "or boolean",
+        ),
+        (
+            ('vars = { community = "private" }', 'vars = { community = "a\\u0000b" }'),
+            "groups.compute.bmc.on: cn001: an argument would hold a NUL character, which no "
+            "program can get",
+        ),
+        (
+            ('address = "[1-3]"', 'address = "[1-2]"'),
+            "groups.compute.bmc.address: has 2 entries for 3 nodes; ranges must have the same "
+            "length",
+        ),
+        (
+            ('driver = "command"', 'driver = "command", status_on = "("'),
+            "groups.compute.bmc.status_on: '(' is no regular expression: missing ), "
+            "unterminated subpattern at position 0",
+        ),
+        (
+            (
+                'driver = "command"',
+                'driver = "command", status_off = "off", status_exit = { on = 0, off = 1 }',
+            ),
+            "groups.compute.bmc.status_exit: give status_exit or status_on/status_off, not both",
+        ),
+        (
+            ('driver = "command"', 'driver = "command", status_off = ""'),
+            "groups.compute.bmc.status_off: is empty: it would match any output",
+        ),
+        (
+            ('driver = "command"', 'driver = "command", status_exit = { on = 0 }'),
+            "groups.compute.bmc.status_exit: must name the exit codes of both states, like "
+            "{{ on = 0, off = 1 }}",
+        ),
+        (
+            ('driver = "command"', 'driver = "command", status_exit = { on = 3, off = 3 }'),
+            "groups.compute.bmc.status_exit: on and off need different exit codes",
+        ),
+        (
+            ('driver = "command"', 'driver = "command", status_exit = { on = 0, off = 256 }'),
+            "groups.compute.bmc.status_exit: exit codes are integers from 0 to 255",
+        ),
+        (
+            ('driver = "command"', 'driver = "command", timeout = 0'),
+            "groups.compute.bmc.timeout: 0 must be greater than zero",
+        ),
+        (
+            ('driver = "command"', 'driver = "command", timeout = 61'),
+            "groups.compute.bmc.timeout: at most 60 s (the poller's bound on one status)",
+        ),
+        (
+            ('driver = "command"', 'driver = "command", verify_tls = false'),
+            "groups.compute.bmc.verify_tls: unknown key (known keys: address, boot_network, "
+            "console, cycle, driver, off, on, password_env, password_file, port, status, "
+            "status_exit, status_off, status_on, timeout, user)",
+        ),
+        (
+            ('driver = "command"', 'driver = "ipmi"'),
+            "groups.compute.bmc.off: unknown key (known keys: address, console, driver, "
+            "password_env, password_file, port, user, verify_tls)",
+        ),
+    ],
+)
+def test_broken_power_commands(write, change, expected) -> None:
+    """Each problem once for each command of the table that gave them, never once per
+    node."""
+    path = write(COMMANDED.replace(*change))
+    with pytest.raises(ConfigError) as raised:
+        load(path)
+    lines = raised.value.render().replace(str(path), "nodes.toml").splitlines()
+    assert lines[0] == "nodes.toml:25: " + expected.format()
+    assert not any(other in line for line in lines for other in ("cn002", "cn003")), lines
+
+
+def test_broken_power_command_of_a_node(write) -> None:
+    path = write(
+        COMMANDED + 'bmc = { driver = "command", on = "plug {outlet}", off = "x", status = "y" }\n'
+    )
+    with pytest.raises(ConfigError) as raised:
+        load(path)
+    assert raised.value.render().replace(str(path), "nodes.toml") == (
+        "nodes.toml:34: nodes.login.bmc.on: login: {outlet} is no placeholder: not node, "
+        "address, port or user, nor one of its vars (none); add it to vars, or write {{ and }} "
+        "for braces"
+    )
+
+
+def test_the_power_command_examples_of_the_docs_load(write) -> None:
+    """docs/config.md's PDU, PoE switch and smart plug examples, as written there."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "config.md").read_text()
+    section = doc.split("### Power by command", 1)[1].split("\n## ", 1)[0]
+    examples = [block.split("```", 1)[0] for block in section.split("```toml\n")[1:]]
+    assert len(examples) == 3
+    config = load(write(VALID + "\n" + "\n".join(examples)))
+    pi3, sbc24, node4 = (config.nodes[n].bmc.command for n in ("pi3", "sbc24", "node4"))
+    assert pi3.on == ("snmpset", "-v2c", "-c", "private", "pdu1.mgmt",
+                      ".1.3.6.1.4.1.318.1.1.4.4.2.1.3.3", "i", "1")  # fmt: skip
+    assert sbc24.status[-1] == ".1.3.6.1.2.1.105.1.1.1.3.1.24"
+    assert node4.off == (
+        "curl",
+        "-fsS",
+        "--max-time",
+        "10",
+        "http://plug-4.lab/cm?cmnd=Power%20Off",
+    )
+    assert (node4.cycle, node4.status_on) == ((), '"POWER":"ON"')

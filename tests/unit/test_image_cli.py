@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from oci import build_image
+from oci import Layout, build_image, file
 
 LAYERPY = Path(sys.executable).parent / "layerpy"
 
@@ -28,3 +28,20 @@ def test_pull_list_inspect(make_config, tmp_path: Path) -> None:
     assert shown["digest"] == digest and shown["config"]["Cmd"][0] == "/bin/sh"
     missing = layerpy("image", "pull", "nope", "-c", str(config.path), check=False)
     assert missing.returncode == 2 and "one of: demo" in missing.stderr
+
+
+def test_pull_for_another_platform(make_config, tmp_path: Path) -> None:
+    """--platform picks that platform's manifest of a multi-architecture index."""
+    layout = Layout(tmp_path / "multi")
+    found = {
+        arch: layout.image([[file("arch", arch)]], arch=arch, variant=variant)
+        for arch, variant in (("amd64", None), ("arm64", "v8"))
+    }
+    layout.tag("latest", layout.index(list(found.values())))
+    config = make_config(images=f'\n[images.multi]\nsource = "oci-layout:{layout.path}:latest"\n')
+    for arch, platform in (("arm64", "linux/arm64/v8"), ("amd64", "linux/amd64")):
+        pulled = layerpy("image", "pull", "multi", "--platform", platform, "-c", str(config.path))
+        assert pulled.stdout.split()[1] == found[arch]["digest"], pulled.stdout
+    bad = layerpy("image", "pull", "multi", "--platform", "arm64", "-c", str(config.path),
+                  check=False)  # fmt: skip
+    assert bad.returncode == 2 and "os/architecture[/variant]" in bad.stderr, bad.stderr

@@ -23,9 +23,12 @@ from layerpy.images import ImageError, ImageSource, ImageStore, parse_source
 from layerpy.images.registry import credentials_withheld
 
 from oci import (
+    BUSYBOX,
     Layout,
     build_image,
+    build_multiarch,
     busybox_layer,
+    debian_busybox,
     device,
     directory,
     fifo,
@@ -86,9 +89,15 @@ UPPER = [
 ]
 
 
-def pull(store: ImageStore, source: str | ImageSource, name: str = "img", progress=None):
+def pull(
+    store: ImageStore,
+    source: str | ImageSource,
+    name: str = "img",
+    progress=None,
+    platform: str = "linux/amd64",
+):
     source = parse_source(source) if isinstance(source, str) else source
-    return asyncio.run(store.pull(name, source, progress))
+    return asyncio.run(store.pull(name, source, progress, platform))
 
 
 def layered(path: Path, *layers: list, compress: str | None = "gzip") -> Path:
@@ -447,12 +456,18 @@ def test_multi_platform_layout(tmp_path: Path) -> None:
     layout.tag("latest", layout.index([arm, amd]))
     image = pull(ImageStore(tmp_path / "s"), f"oci-layout:{layout.path}:latest")
     assert image.digest == amd["digest"] and image.architecture == "amd64"
-    arm_image = pull(ImageStore(tmp_path / "arm", arch="arm64"), f"oci-layout:{layout.path}")
-    assert arm_image.digest == arm["digest"]
+    source = f"oci-layout:{layout.path}"
+    arm_image = pull(ImageStore(tmp_path / "arm"), source, platform="linux/arm64/v8")
+    assert arm_image.digest == arm["digest"] and arm_image.architecture == "arm64"
     with pytest.raises(
         ImageError, match=r"no linux/riscv64 image \(offers: linux/arm64, linux/amd64\)"
     ):
-        pull(ImageStore(tmp_path / "rv", arch="riscv64"), f"oci-layout:{layout.path}")
+        pull(ImageStore(tmp_path / "rv"), source, platform="linux/riscv64")
+    # an amd64 manifest pinned by digest is refused to arm64 nodes, fetched or kept
+    pinned = f"oci-layout:{layout.path}:{amd['digest']}"
+    for store in (ImageStore(tmp_path / "fresh"), ImageStore(tmp_path / "s")):
+        with pytest.raises(ImageError, match=r"image is for amd64, not (linux/)?arm64"):
+            pull(store, pinned, platform="linux/arm64/v8")
 
 
 def test_missing_sources(store: ImageStore, tmp_path: Path) -> None:
@@ -558,3 +573,21 @@ def test_hostile_manifests(store: ImageStore, tmp_path: Path) -> None:
     with pytest.raises(ImageError, match=f"manifest {pinned} does not match its digest"):
         pull(store, f"oci-layout:{layout.path}:{pinned}")
     assert store.list() == []
+
+
+def test_the_lab_multiarch_image_gives_arm64_nodes_an_arm64_busybox(tmp_path: Path) -> None:
+    """The busybox index the arm64 lab test runs: an arm64 node's flattened image holds
+    Debian's aarch64 busybox (ELF machine 183), an amd64 node's this machine's."""
+    arm64 = debian_busybox("arm64")
+    if arm64 is None:
+        pytest.skip("no arm64 busybox-static .deb cached: run minos/build.sh --arch arm64")
+    (tmp_path / "busybox-arm64").write_bytes(arm64)
+    busyboxes = {"amd64": BUSYBOX, "arm64": tmp_path / "busybox-arm64"}
+    digests = build_multiarch(tmp_path / "multi", busyboxes, ["/bin/sh"])
+    store = ImageStore(tmp_path / "store")
+    for platform, arch, machine in (("linux/arm64/v8", "arm64", 183), ("linux/amd64", "amd64", 62)):
+        image = pull(store, f"oci-layout:{tmp_path / 'multi'}:latest", platform=platform)
+        assert image.digest == digests[arch]
+        with tarfile.open(image.rootfs) as flat:
+            elf = flat.extractfile("bin/busybox").read(20)
+        assert int.from_bytes(elf[18:20], "little") == machine, platform

@@ -27,7 +27,9 @@ def test_the_pool_sits_at_the_top_of_the_subnet_away_from_the_server() -> None:
 
 def test_the_starter_file_loads_as_written(tmp_path, monkeypatch) -> None:
     write_boot_files(tmp_path)
-    monkeypatch.setattr(bundle, "minos", lambda: (tmp_path / "vmlinuz", tmp_path / "initrd"))
+    monkeypatch.setattr(
+        bundle, "minos", lambda arch="amd64": (tmp_path / "vmlinuz", tmp_path / "initrd")
+    )
     monkeypatch.setattr(bundle, "ipxe_dir", lambda: tmp_path / "ipxe")
     text = starter("eth1", IPv4Interface("192.168.7.1/24"))
     config = parse(text, tmp_path / "nodes.toml")

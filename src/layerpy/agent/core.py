@@ -25,7 +25,7 @@ import urllib.request
 from collections.abc import Callable
 
 import layerpy
-from layerpy.agent import lldp
+from layerpy.agent import firmware, lldp
 from layerpy.agent.container import NODE_DIR, Runner
 from layerpy.agent.net import Nic, pick_interface, source_address
 from layerpy.agent.servers import Servers
@@ -47,6 +47,7 @@ from layerpy.proto.agent import (
     node_authorization,
 )
 from layerpy.proto.lldp import Neighbor
+from layerpy.proto.platform import of_machine
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 UPTIME = "/proc/uptime"
@@ -57,6 +58,7 @@ BUSY = os.path.join(NODE_DIR, "busy")  # /run/layerpy/busy in the container
 HTTP_TIMEOUT = 5.0
 CONFIG_RETRY = 30.0
 SPREAD = 0.1  # heartbeats vary by this fraction either way
+PLATFORM = of_machine(os.uname().machine)  # which image of a multi-architecture index runs here
 
 
 def uptime() -> float:
@@ -170,6 +172,7 @@ class Agent:
         agent_start: float | None = None,
         runner: Runner | None = None,
         listen: Callable[[str, float, list[str]], Neighbor | None] = lldp.listen,
+        efi: str = firmware.EFI,
     ) -> None:
         self.cfg = cfg
         self.servers = Servers(cfg.servers)
@@ -188,6 +191,9 @@ class Agent:
         self.stopped = stopped
         self.heartbeat = cfg.heartbeat
         self.boot_id = boot_id()
+        self.secure_boot = firmware.secure_boot(efi)  # the firmware's word: fixed for a boot
+        said = {True: "on", False: "off", None: "unknown (UEFI variables unreadable)"}
+        log(f"Secure Boot {said[self.secure_boot]}")
         self.seq = 0
         self.hello_done = False
         self.timeline: dict[str, float | None] = {
@@ -311,6 +317,8 @@ class Agent:
             image=self.image(),
             files=self.runner.files() if self.runner is not None else FilesStatus(),
             persist=self.runner.persist if self.runner is not None else None,
+            secure_boot=self.secure_boot,
+            platform=PLATFORM,
         )
 
     def report(self, obs: dict[str, object]) -> Outcome:

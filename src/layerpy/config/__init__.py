@@ -33,7 +33,9 @@ from layerpy.config.records import (
     NodeConfig,
     Problem,
     ReloadRefused,
+    RpiConfig,
     ServerConfig,
+    SignedConfig,
     SwitchConfig,
 )
 
@@ -52,7 +54,9 @@ __all__ = [
     "NodeConfig",
     "Problem",
     "ReloadRefused",
+    "RpiConfig",
     "ServerConfig",
+    "SignedConfig",
     "SwitchConfig",
     "load",
     "parse",
@@ -60,8 +64,8 @@ __all__ = [
 ]
 
 SECTIONS = (
-    "server", "network", "minos", "ipxe", "api", "images", "switches", "groups", "nodes", "files",
-    "cluster",
+    "server", "network", "minos", "ipxe", "signed", "api", "images", "switches", "groups",
+    "nodes", "files", "cluster", "rpi",
 )  # fmt: skip
 
 
@@ -127,16 +131,18 @@ def _read(r: Reader, data: dict[str, Any]) -> Config | None:
     server = boot.server(r, data, network)
     minos = boot.minos(r, data)
     ipxe = boot.ipxe(r, data, server)
+    rpi = boot.rpi(r, data, minos)
     api = boot.api(r, data)
     known_images = images.read(r, data)
     switches = nodes.switches(r, data)
     all_nodes = nodes.read(r, data, network, server)
     nodes.check_references(r, all_nodes, known_images, switches)
+    signed = boot.signed(r, data, server, all_nodes)
     node_files = files.read(r, data, known_images, all_nodes)
     shared = cluster.read(r, data, network)
     if server is None or network is None or minos is None or r.problems:
         return None
     config = Config(r.file, server, network, minos, ipxe, api, known_images, switches, all_nodes,
-                    node_files, shared)  # fmt: skip
+                    node_files, shared, rpi, signed)  # fmt: skip
     files.check_renders(r, config)
     return None if r.problems else config

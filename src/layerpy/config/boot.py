@@ -1,5 +1,5 @@
 """The sections that say how nodes boot and who drives the server: [server], [network],
-[minos], [ipxe] and [api]."""
+[minos], [ipxe], [signed] and [api]."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from layerpy import bundle
 from layerpy.config import values
 from layerpy.config.reading import Reader, missing
 from layerpy.config.records import (
+    ARM64_IPXE,
     DHCP_MODES,
+    EFI_ARCHES,
     IDENTITY_MODES,
     OTHER_DHCP,
     REBIND_MODES,
@@ -19,7 +21,10 @@ from layerpy.config.records import (
     IpxeConfig,
     MinosConfig,
     NetworkConfig,
+    NodeConfig,
+    RpiConfig,
     ServerConfig,
+    SignedConfig,
 )
 from layerpy.proto.agent import HEARTBEAT
 
@@ -112,7 +117,8 @@ def network(r: Reader, data: dict[str, Any]) -> NetworkConfig | None:
 
 
 def minos(r: Reader, data: dict[str, Any]) -> MinosConfig | None:
-    """The minOS every node boots; its files must be built already."""
+    """The minOS every node boots, and the arm64 one (``[minos.arm64]``) arm64 firmware
+    gets; their files must be built already. Named files, else the bundled ones."""
 
     def built(value: str) -> Path:
         path = r.path(value)
@@ -120,15 +126,24 @@ def minos(r: Reader, data: dict[str, Any]) -> MinosConfig | None:
             raise ValueError(f"{path} {why} (build the minOS with minos/build.sh)")
         return path
 
-    table = r.table(data, "minos", {"kernel", "initrd", "cmdline"})
-    get = r.getter(table, "minos")
-    kernel, initrd = get("kernel", str, built), get("initrd", str, built)
-    cmdline = get("cmdline", str, default="")
-    if "kernel" in table or "initrd" in table:
+    def files(table: dict[str, Any], prefix: str) -> tuple[Path, Path] | None:
+        get = r.getter(table, prefix)
+        kernel, initrd = get("kernel", str, built), get("initrd", str, built)
         for key in ("kernel", "initrd"):
             if key not in table:
-                r.problem(f"minos.{key}", "missing: name the kernel and the initrd, or neither")
-        return MinosConfig(kernel, initrd, cmdline) if kernel and initrd else None
+                r.problem(f"{prefix}.{key}", "missing: name the kernel and the initrd, or neither")
+        return (kernel, initrd) if kernel and initrd else None
+
+    table = r.table(data, "minos", {"kernel", "initrd", "cmdline", "arm64"})
+    cmdline = r.getter(table, "minos")("cmdline", str, default="")
+    arm64_table = table.get("arm64", {})
+    if not r.is_table(arm64_table, "minos.arm64"):
+        arm64_table = {}
+    r.unknown_keys(arm64_table, "minos.arm64", {"kernel", "initrd"})
+    arm64 = files(arm64_table, "minos.arm64") if arm64_table else bundle.minos("arm64")
+    if "kernel" in table or "initrd" in table:
+        named = files(table, "minos")
+        return MinosConfig(*named, cmdline, arm64) if named else None
     bundled = bundle.minos()
     if bundled is None:
         r.problem(
@@ -137,7 +152,56 @@ def minos(r: Reader, data: dict[str, Any]) -> MinosConfig | None:
             "with minos/build.sh, or use layerpy.pyz, which carries one)",
         )
         return None
-    return MinosConfig(*bundled, cmdline)
+    return MinosConfig(*bundled, cmdline, arm64)
+
+
+def rpi(r: Reader, data: dict[str, Any], minos: MinosConfig | None) -> RpiConfig | None:
+    """Raspberry Pi network boot, when the file has [rpi]: the firmware directory (filled by
+    vm-lab/rpi-firmware.sh, or by hand) and the kernel and initramfs Pis boot (by default
+    the arm64 minOS of [minos.arm64])."""
+    if "rpi" not in data:
+        return None
+
+    def present(value: str) -> Path:
+        path = r.path(value)
+        if why := missing(path):
+            raise ValueError(f"{path} {why} (build the arm64 minOS: minos/build.sh --arch arm64)")
+        return path
+
+    def firmware(value: str) -> Path:
+        path = r.path(value)
+        if not (path / "start4.elf").is_file():
+            raise ValueError(f"{path} has no start4.elf (run vm-lab/rpi-firmware.sh, or fill it "
+                             "as docs/hardware.md says)")  # fmt: skip
+        return path
+
+    table = r.table(data, "rpi", {"dir", "kernel", "initrd", "cmdline", "config"})
+    get = r.getter(table, "rpi")
+    directory = get("dir", str, firmware)
+    if "dir" not in table:  # a default is not converted: check it as if it were written
+        try:
+            directory = firmware(str(bundle.rpi_dir()))
+        except ValueError as error:
+            r.problem("rpi.dir", f"(default) {error}")
+    arm64 = minos.arm64 if minos is not None else None
+    kernel = get("kernel", str, present, default=arm64 and arm64[0])
+    initrd = get("initrd", str, present, default=arm64 and arm64[1])
+    if arm64 is None and not (kernel and initrd):
+        for key in ("kernel", "initrd"):
+            if key not in table:
+                r.problem(f"rpi.{key}", "missing, and there is no arm64 minOS to default to "
+                          "(build one: minos/build.sh --arch arm64)")  # fmt: skip
+    cmdline = get("cmdline", str, values.command_line, default="")
+    config = get("config", str, default="")
+    if directory is None or kernel is None or initrd is None:
+        return None
+    return RpiConfig(directory, kernel, initrd, cmdline or "", config or "")
+
+
+def arm64_ipxe(directory: Path) -> str | None:
+    """The arm64 iPXE when the directory has Debian's (vm-lab/ipxe-arm64.sh puts it beside
+    the x86 ones; layerpy.pyz carries it), else none: arm64 then gets the signed loaders."""
+    return ARM64_IPXE if (directory / ARM64_IPXE).is_file() else None
 
 
 def ipxe(r: Reader, data: dict[str, Any], server: ServerConfig | None) -> IpxeConfig:
@@ -150,7 +214,7 @@ def ipxe(r: Reader, data: dict[str, Any], server: ServerConfig | None) -> IpxeCo
         directory,
         get("bios", str, values.plain_file_name, default=defaults.bios),
         get("uefi", str, values.plain_file_name, default=defaults.uefi),
-        get("arm64", str, values.plain_file_name),
+        get("arm64", str, values.plain_file_name, default=arm64_ipxe(directory)),
     )
     if server and server.dhcp != "off":
         named = (("bios", config.bios), ("uefi", config.uefi), ("arm64", config.arm64))
@@ -159,7 +223,8 @@ def ipxe(r: Reader, data: dict[str, Any], server: ServerConfig | None) -> IpxeCo
             if why := missing(path):
                 r.problem(
                     f"ipxe.{key}",
-                    f"{path} {why} (install Debian's ipxe package or set ipxe.dir)",
+                    f"{path} {why} (install Debian's ipxe package, run vm-lab/ipxe-arm64.sh "
+                    "for arm64, or set ipxe.dir)",
                 )
             elif not path.resolve().is_relative_to(directory.resolve()):
                 r.problem(
@@ -167,6 +232,28 @@ def ipxe(r: Reader, data: dict[str, Any], server: ServerConfig | None) -> IpxeCo
                     f"{path} links to {path.resolve()}, outside ipxe.dir, and TFTP serves "
                     "only what is inside it (pick another file or point ipxe.dir there)",
                 )
+    return config
+
+
+def signed(
+    r: Reader, data: dict[str, Any], server: ServerConfig | None, nodes: dict[str, NodeConfig]
+) -> SignedConfig:
+    """Debian's signed shim and GRUB; a node with ``secure_boot = true`` needs them (those of
+    one EFI architecture at least: which one a machine is, only its DHCP request says)."""
+    table = r.table(data, "signed", {"dir"})
+    get = r.getter(table, "signed")
+    config = SignedConfig(get("dir", str, r.path, default=bundle.signed_dir()))
+    secure = next((node for node in nodes.values() if node.secure_boot), None)
+    needed = secure is not None and server is not None and server.dhcp != "off"
+    if needed and not any(config.has(arch) for arch in EFI_ARCHES):
+        assert secure is not None
+        where = f"groups.{secure.group}" if secure.group else f"nodes.{secure.name}"
+        pairs = ", ".join(f"{config.shim(a)} and {config.grub(a)}" for a in EFI_ARCHES)
+        r.problem(
+            f"{where}.secure_boot",
+            f"{secure.name} boots by the signed path, but {config.directory} holds neither "
+            f"{pairs} (run vm-lab/signed-loaders.sh, or set signed.dir)",
+        )
     return config
 
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from layerpy import hostlist
-from layerpy.config import values
+from layerpy.config import commands, values
 from layerpy.config.reading import Reader
 from layerpy.config.records import (
     POWER_STATES,
@@ -22,12 +22,17 @@ from layerpy.config.records import (
 )
 from layerpy.power.base import DRIVERS, PowerSpec
 
-NODE_KEYS = {"ip", "mac", "power", "bmc", "image", "location", "vars", "persist_disk"}
+NODE_KEYS = {
+    "ip", "mac", "power", "bmc", "image", "location", "vars", "persist_disk", "serial",
+    "secure_boot",
+}  # fmt: skip
 GROUP_KEYS = NODE_KEYS | {"nodes"}
 SWITCH_KEYS = {"chassis_id", "relay", "remote_id", "relay_sources"}
 BMC_KEYS = {
     "driver", "address", "user", "password_file", "password_env", "verify_tls", "port", "console",
 }  # fmt: skip
+# a command gets its user, port and password as it is told, and has no TLS to verify
+COMMAND_BMC_KEYS = (BMC_KEYS - {"verify_tls"}) | commands.KEYS
 
 
 def switches(r: Reader, data: dict[str, Any]) -> dict[str, SwitchConfig]:
@@ -107,6 +112,10 @@ def read(
         if node is not None:
             nodes[name] = node
             origin.setdefault(name, f"nodes.{name}")
+    own_bmc = {
+        name for name, table in overrides.items() if isinstance(table, dict) and "bmc" in table
+    }
+    commands.fill(r, nodes, own_bmc)  # now that each node's vars are known
     _check_unique(r, nodes, origin, network, server)
     return nodes
 
@@ -125,10 +134,13 @@ def _group(r: Reader, name: str, table: Any, ip_required: bool) -> Iterator[Node
     locations = get("location", str, values.locations)
     variables = get("vars", dict, default={})  # one dict for the group's nodes
     disk = get("persist_disk", str, values.disk)
+    serials = get("serial", list, values.serial_list)
+    secure = get("secure_boot", bool, default=False)
     if names is None or (ips is None and ip_required):
         return
     bmcs = _bmcs(r, table.get("bmc"), f"{prefix}.bmc", names)
-    for key, entries in (("ip", ips), ("mac", macs), ("location", locations)):
+    checked = (("ip", ips), ("mac", macs), ("location", locations), ("serial", serials))
+    for key, entries in checked:
         if entries is not None and not _one_each(r, f"{prefix}.{key}", entries, names):
             return
     for index, node_name in enumerate(names):
@@ -139,8 +151,20 @@ def _group(r: Reader, name: str, table: Any, ip_required: bool) -> Iterator[Node
         bmc = bmcs[index] if bmcs else None
         location = locations[index] if locations else None
         ip = ips[index] if ips else None
+        serial = serials[index] if serials else None
         yield NodeConfig(
-            node_name, ip, mac, name, power or "on", bmc, image, location, variables, disk
+            node_name,
+            ip,
+            mac,
+            name,
+            power or "on",
+            bmc,
+            image,
+            location,
+            variables,
+            disk,
+            serial,
+            bool(secure),
         )
 
 
@@ -168,11 +192,13 @@ def _override(
     bmc = bmcs[0] if bmcs else None
     own = get("vars", dict)
     disk = get("persist_disk", str, values.disk)
+    serial = get("serial", str, values.serial)
+    secure = get("secure_boot", bool)
     if base is None:
         if ip is None and ip_required:
             return None
         return NodeConfig(name, ip, mac, None, power or "on", bmc, image, location, own or {},
-                          disk)  # fmt: skip
+                          disk, serial, bool(secure))  # fmt: skip
     return replace(
         base,
         ip=ip or base.ip,
@@ -183,22 +209,26 @@ def _override(
         location=location or base.location,
         vars={**base.vars, **own} if own else base.vars,
         persist_disk=disk or base.persist_disk,
+        serial=serial or base.serial,
+        secure_boot=base.secure_boot if secure is None else secure,
     )
 
 
 def _bmcs(r: Reader, table: Any, prefix: str, names: list[str]) -> list[PowerSpec] | None:
     """One power spec per node; ``address`` is a hostlist matching the nodes, one
-    address for all, or a template with ``{node}`` (e.g. a QMP socket path)."""
+    address for all, or a template with ``{node}`` (e.g. a QMP socket path). The power
+    commands of driver "command" are still templates: ``commands.fill`` fills them."""
     if table is None or not r.is_table(table, prefix):
         return None
-    r.unknown_keys(table, prefix, BMC_KEYS)
     get = r.getter(table, prefix)
     driver = get("driver", str, values.choice(DRIVERS), required=True)
+    r.unknown_keys(table, prefix, COMMAND_BMC_KEYS if driver == "command" else BMC_KEYS)
     address = get("address", str)
     password = r.password(get, prefix)
-    if driver is None:
+    command = commands.read(r, get, prefix) if driver == "command" else None
+    if driver is None or (driver == "command" and command is None):
         return None
-    if address is None and driver != "none":
+    if address is None and driver not in ("none", "command"):
         r.problem(f"{prefix}.address", f"is required for driver {driver!r}")
         return None
     if address is None or "{node}" in address:
@@ -219,6 +249,7 @@ def _bmcs(r: Reader, table: Any, prefix: str, names: list[str]) -> list[PowerSpe
         "password": password,
         "verify_tls": get("verify_tls", bool, default=True),
         "port": get("port", int, values.port),
+        "command": command,  # templates until commands.fill
     }
     console = get("console", str, values.console)
     if console == "sol" and driver != "ipmi":
@@ -269,6 +300,7 @@ def _check_unique(
 ) -> None:
     seen_ip: dict[int, str] = {}  # by int: an IPv4Address hashes slowly, and there may be 100 000
     seen_mac: dict[str, str] = {}
+    seen_serial: dict[str, str] = {}
     subnet = network.subnet if network is not None else None
     first, last = (int(subnet.network_address), int(subnet.broadcast_address)) if subnet else (0, 0)
     pool = (int(network.pool[0]), int(network.pool[1])) if network and network.pool else None
@@ -279,6 +311,11 @@ def _check_unique(
             r.problem(key, f"{node.name} has MAC {node.mac}, already used by {seen_mac[node.mac]}")
         if node.mac:
             seen_mac.setdefault(node.mac, node.name)
+        if node.serial and node.serial in seen_serial:
+            r.problem(key, f"{node.name} has serial {node.serial}, already used by "
+                      f"{seen_serial[node.serial]}")  # fmt: skip
+        if node.serial:
+            seen_serial.setdefault(node.serial, node.name)
         if node.ip is None:
             continue
         ip = int(node.ip)

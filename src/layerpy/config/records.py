@@ -8,6 +8,7 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Any
 
+from layerpy import bundle
 from layerpy.images.source import ImageSource
 from layerpy.power.base import PowerSpec
 from layerpy.proto.agent import HEARTBEAT
@@ -117,9 +118,16 @@ class NetworkConfig:
 
 @dataclass(frozen=True)
 class MinosConfig:
+    """The minOS nodes boot: the x86-64 one, and the arm64 one arm64 firmware gets."""
+
     kernel: Path
     initrd: Path
     cmdline: str = ""
+    arm64: tuple[Path, Path] | None = None  # (kernel, initrd) of the arm64 minOS, if any
+
+    def files(self, arch: str) -> tuple[Path, Path] | None:
+        """(kernel, initrd) of the minOS for a CPU architecture (MINOS_ARCHES), if there is one."""
+        return (self.kernel, self.initrd) if arch == "amd64" else self.arm64
 
 
 @dataclass(frozen=True)
@@ -127,7 +135,51 @@ class IpxeConfig:
     directory: Path = Path("/usr/lib/ipxe")
     bios: str = "undionly.kpxe"
     uefi: str = "snponly.efi"
-    arm64: str | None = None  # no arm64 binary unless the file names one
+    arm64: str | None = None  # by default ARM64_IPXE, when the directory has it
+
+
+ARM64_IPXE = "ipxe-arm64.efi"  # Debian's name for it (package ipxe, Debian 13 and later)
+
+
+# The CPU architectures a minOS is built for (minos/build.sh --arch), in Debian's names.
+MINOS_ARCHES = ("amd64", "arm64")
+# The EFI architectures of Debian's signed loaders, by shim's own name for each: shim
+# loads "grub<arch>.efi" from the directory it was loaded from.
+EFI_ARCHES = ("x64", "aa64")
+
+
+@dataclass(frozen=True)
+class SignedConfig:
+    """Debian's signed shim and netboot GRUB (the Secure Boot path): the directory holding
+    them as ``shim<arch>.efi`` and ``grub<arch>.efi`` (vm-lab/signed-loaders.sh fills it)."""
+
+    directory: Path = field(default_factory=bundle.signed_dir)
+
+    @staticmethod
+    def shim(arch: str) -> str:
+        return f"shim{arch}.efi"
+
+    @staticmethod
+    def grub(arch: str) -> str:
+        return f"grub{arch}.efi"
+
+    def has(self, arch: str) -> bool:
+        """Whether both loaders of an EFI architecture are there (checked when asked: the
+        set-up may fetch them after the file was read)."""
+        return all((self.directory / name).is_file() for name in (self.shim(arch), self.grub(arch)))
+
+
+@dataclass(frozen=True)
+class RpiConfig:
+    """Raspberry Pi network boot ([rpi]): the firmware directory TFTP serves to Pis, the
+    kernel and initramfs they boot (the arm64 minOS), and what config.txt and cmdline.txt
+    carry besides what layerpy writes."""
+
+    directory: Path
+    kernel: Path
+    initrd: Path
+    cmdline: str = ""
+    config: str = ""
 
 
 @dataclass(frozen=True)
@@ -175,6 +227,8 @@ class NodeConfig:
     # between a group's nodes until a node sets its own)
     vars: dict[str, Any] = field(default_factory=dict, hash=False)
     persist_disk: str | None = None  # the node's disk for persistent paths, else its RAM
+    serial: str | None = None  # a Raspberry Pi's serial number (8 hex digits)
+    secure_boot: bool = False  # booted only by the signed path (shim, GRUB, signed kernel)
 
 
 @dataclass(frozen=True)
@@ -233,6 +287,13 @@ class Config:
     nodes: dict[str, NodeConfig] = field(default_factory=dict)
     files: dict[str, FileConfig] = field(default_factory=dict)
     cluster: ClusterConfig | None = None  # None: one instance on its own, no etcd
+    rpi: RpiConfig | None = None  # None: Raspberry Pis are not booted
+    signed: SignedConfig = field(default_factory=SignedConfig)
+
+    @cached_property
+    def serials(self) -> dict[str, str]:
+        """Raspberry Pi serial number -> node name (worked out once per file)."""
+        return {node.serial: name for name, node in self.nodes.items() if node.serial}
 
     @cached_property
     def relays(self) -> dict[IPv4Address, frozenset[IPv4Address]]:

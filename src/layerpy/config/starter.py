@@ -86,4 +86,12 @@ uefi = "snponly.efi"
 # address = "10.0.1.[11-14]"
 # user = "admin"
 # password_file = "bmc.pass"   # beside this file, mode 0600
+# or, without a BMC: a PDU outlet, a PoE port, a smart plug, by command (docs/config.md)
+# driver = "command"
+# address = "[1-4]"            # the outlets, in step with the nodes
+# on = "snmpset -v2c -c private pdu1 .1.3.6.1.4.1.318.1.1.4.4.2.1.3.{{address}} i 1"
+# off = "snmpset -v2c -c private pdu1 .1.3.6.1.4.1.318.1.1.4.4.2.1.3.{{address}} i 2"
+# status = "snmpget -v2c -c private -Oqv pdu1 .1.3.6.1.4.1.318.1.1.4.4.2.1.3.{{address}}"
+# status_on = '^\\s*1\\s*$'
+# status_off = '^\\s*2\\s*$'
 """

@@ -76,6 +76,22 @@ def mac(value: str) -> str:
 
 
 MAX_MAC_RANGE = 1_000_000
+_SERIAL = re.compile(r"^[0-9a-f]{8}$")
+
+
+def serial(value: str) -> str:
+    """A Raspberry Pi's serial number as its bootloader names its TFTP directory: 8 hex
+    digits (the low 32 bits; ``10000000abcd1234`` is ``abcd1234``)."""
+    digits = value.strip().lower()
+    if not _SERIAL.match(digits):
+        raise ValueError(f"{value!r} is not a Raspberry Pi serial number like 9ffefdef")
+    return digits
+
+
+def serial_list(value: list[Any]) -> list[str]:
+    if not all(isinstance(item, str) for item in value):
+        raise ValueError("must be a list of serial number strings, one per node")
+    return [serial(item) for item in value]
 
 
 def mac_list(value: list[Any] | str) -> list[str]:

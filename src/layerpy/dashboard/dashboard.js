@@ -421,6 +421,7 @@ function showFacts(node) {
       `(${node.location.source})`],
     ["last report", node.last_report && `${Math.round(Date.now() / 1000 - node.last_report)} s ago`],
     ["agent", node.agent && node.agent.version],
+    ["secure boot", {true: "on", false: "off"}[node.secure_boot]],
     ["console", node.console_problem], ["conflict", node.conflict], ["problem", node.problem],
     ["power error", node.power_error], ["image error", node.image.error],
     ["owner", node.owner === "" ? "none yet" : node.owner],
@@ -485,9 +486,10 @@ async function start() {
     $("who").textContent = `${who.name} (${who.scope})`;
     const images = await json("/api/v1/images");
     $("image-choice").hidden = $("image-set").hidden = !images.length;
-    $("image-choice").replaceChildren(...images.map((image) => {
+    const names = [...new Set(images.map((image) => image.name))]; // one entry per platform
+    $("image-choice").replaceChildren(...names.map((name) => {
       const option = document.createElement("option");
-      option.textContent = image.name;
+      option.textContent = name;
       return option;
     }));
     await loadNodes();

@@ -7,7 +7,7 @@ Under the store's root:
     sha256/<hex>/image.json            one flattened image, named by its manifest digest:
     sha256/<hex>/rootfs.tar              its metadata, root filesystem tar,
     sha256/<hex>/rootfs.squashfs         and the same tree as squashfs (if tar2sqfs is installed)
-    names.json                         image name -> digest of its last pull
+    names.json                         image name (and platform) -> digest of its last pull
     tmp/                               work in progress, renamed into place when complete
 """
 
@@ -37,9 +37,9 @@ from layerpy.images.source import (
     ImageSource,
     is_digest,
     load_json,
-    objects,
     sha256_digest,
 )
+from layerpy.proto import platform as platforms
 
 Progress = Callable[[int, int | None], None]
 CONFIG_KEYS = ("Entrypoint", "Cmd", "Env", "WorkingDir", "User")
@@ -66,30 +66,39 @@ class Image:
 
 
 class ImageStore:
-    def __init__(self, root: Path, *, arch: str = "amd64") -> None:
-        self.root, self.arch = root, arch
+    def __init__(self, root: Path) -> None:
+        self.root = root
         self.tmp = root / "tmp"
         for path in (root / "blobs" / "sha256", root / "sha256", self.tmp):
             path.mkdir(parents=True, exist_ok=True)
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
 
-    async def pull(self, name: str, source: ImageSource, progress: Progress | None = None) -> Image:
-        """The image `source` names now, fetched and flattened unless the store has it. A
+    async def pull(
+        self,
+        name: str,
+        source: ImageSource,
+        progress: Progress | None = None,
+        platform: str = platforms.DEFAULT,
+    ) -> Image:
+        """The image `source` names now for nodes of `platform` (``linux/arm64/v8``: the
+        manifest an index lists for it), fetched and flattened unless the store has it. A
         pinned digest the store has needs no network at all."""
         started = time.monotonic()
         try:
             image = self.get(source.reference)
+            if image is not None and image.architecture != platforms.architecture(platform):
+                raise ImageError(f"{source}: image is for {image.architecture}, not {platform}")
             if image is None:
                 fetcher: Fetcher = (
                     RegistryFetcher(source) if source.kind == "registry" else LocalFetcher(source)
                 )
                 try:
-                    image = await self._pull(fetcher, source, progress, started)
+                    image = await self._pull(fetcher, source, progress, started, platform)
                 finally:
                     await fetcher.close()
         except ImageError as error:
             raise ImageError(f"{name}: {error}") from None
-        self._name(name, image.digest)
+        self._name(_key(name, platform), image.digest)
         return image
 
     def get(self, digest: str) -> Image | None:
@@ -107,14 +116,21 @@ class ImageStore:
         found = (self.get("sha256:" + folder.name) for folder in (self.root / "sha256").iterdir())
         return sorted((image for image in found if image), key=lambda image: image.pulled_at)
 
-    def named(self, name: str) -> Image | None:
-        """The image last pulled as `name`: lets a restart go on when its source is away."""
-        return self.get(self._names().get(name, ""))
+    def named(self, name: str, platform: str = platforms.DEFAULT) -> Image | None:
+        """The image last pulled as `name` for `platform`: lets a restart go on when its
+        source is away."""
+        return self.get(self._names().get(_key(name, platform), ""))
 
     async def _pull(
-        self, fetcher: Fetcher, source: ImageSource, progress: Progress | None, started: float
+        self,
+        fetcher: Fetcher,
+        source: ImageSource,
+        progress: Progress | None,
+        started: float,
+        platform: str,
     ) -> Image:
-        digest, manifest = await self._resolve(fetcher, source.reference)
+        digest, manifest = await self._resolve(fetcher, source.reference, platform)
+        want = platforms.architecture(platform)
         async with self._locks[digest]:
             image = self.get(digest)
             if image is None:
@@ -124,9 +140,9 @@ class ImageStore:
                 if config_path.stat().st_size > MAX_CONFIG:
                     raise ImageError(f"{fetcher.where}: image config is too large")
                 config = load_json(config_path.read_bytes(), fetcher.where, "image config")
-                arch = config.get("architecture", self.arch)
-                if arch != self.arch:
-                    raise ImageError(f"{fetcher.where}: image is for {arch}, not {self.arch}")
+                arch = config.get("architecture", want)
+                if arch != want:
+                    raise ImageError(f"{fetcher.where}: image is for {arch}, not {want}")
                 settings = config.get("config")
                 settings = settings if isinstance(settings, dict) else {}
                 image = await asyncio.to_thread(
@@ -136,12 +152,13 @@ class ImageStore:
                     {key: settings[key] for key in CONFIG_KEYS if key in settings},
                     layers,
                     started,
+                    arch,
                 )
         return image
 
-    async def _resolve(self, fetcher: Fetcher, reference: str) -> tuple[str, dict]:
-        """The digest and contents of the image manifest `reference` names, choosing this
-        machine's platform from an index (which may itself list indexes)."""
+    async def _resolve(self, fetcher: Fetcher, reference: str, platform: str) -> tuple[str, dict]:
+        """The digest and contents of the image manifest `reference` names, choosing
+        `platform` from an index (which may itself list indexes)."""
         for _ in range(4):
             data = await fetcher.manifest(reference)
             if is_digest(reference) and sha256_digest(data) != reference:
@@ -149,24 +166,12 @@ class ImageStore:
             document = load_json(data, fetcher.where, "manifest")
             if document.get("mediaType") not in INDEX_TYPES and "manifests" not in document:
                 return sha256_digest(data), document
-            reference = self._platform(document, fetcher.where)
+            chosen, offered = platforms.choose(document, platform)
+            if chosen is None:
+                offers = ", ".join(offered) or "none"
+                raise ImageError(f"{fetcher.where}: no {platform} image (offers: {offers})")
+            reference = chosen
         raise ImageError(f"{fetcher.where}: image indexes nested too deep")
-
-    def _platform(self, index: dict, where: str) -> str:
-        """The digest of the index entry for linux/<arch>; an entry without a platform
-        (a single image in a layout's index.json) fits any."""
-        offered = []
-        for entry in objects(index.get("manifests")):
-            platform = entry.get("platform")
-            if not isinstance(platform, dict):
-                return str(entry.get("digest"))
-            pair = (platform.get("os"), platform.get("architecture"))
-            if pair == ("linux", self.arch):
-                return str(entry.get("digest"))
-            offered.append("/".join(map(str, pair)))
-        raise ImageError(
-            f"{where}: no linux/{self.arch} image (offers: {', '.join(offered) or 'none'})"
-        )
 
     def _descriptors(self, manifest: dict, where: str) -> list[dict]:
         """The config and layer descriptors, checked: blob names become file names."""
@@ -245,7 +250,13 @@ class ImageStore:
                 os.unlink(tmp)
 
     def _build(
-        self, digest: str, source: str, config: dict, layers: list[Path], started: float
+        self,
+        digest: str,
+        source: str,
+        config: dict,
+        layers: list[Path],
+        started: float,
+        architecture: str,
     ) -> Image:
         """Flattens and records the image in a scratch folder, then renames it into place."""
         stage = Path(tempfile.mkdtemp(dir=self.tmp, prefix="image-"))
@@ -259,7 +270,7 @@ class ImageStore:
                 digest=digest,
                 source=source,
                 config=config,
-                architecture=self.arch,
+                architecture=architecture,
                 rootfs=final / ROOTFS,
                 rootfs_sha256=rootfs_sha256,
                 rootfs_size=rootfs_size,
@@ -291,6 +302,12 @@ class ImageStore:
         names = self._names()
         if names.get(name) != digest:
             _write_atomic(self.root / "names.json", json.dumps({**names, name: digest}, indent=1))
+
+
+def _key(name: str, platform: str) -> str:
+    """An image name's key in names.json: the name alone for the default platform (as
+    before there were others), else ``name@platform``."""
+    return name if platform == platforms.DEFAULT else f"{name}@{platform}"
 
 
 def _squashfs(tar: Path, dest: Path) -> bool:

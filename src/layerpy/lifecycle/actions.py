@@ -26,6 +26,8 @@ class Context(Protocol):
 
     def image_of(self, name: str) -> str | None: ...
 
+    def platform_of(self, name: str) -> str: ...
+
     def assign(self, name: str, image: tuple[str, str] | None) -> None: ...
 
 
@@ -63,7 +65,7 @@ async def power_status(ctx: Context, name: str) -> None:
 async def image_assign(ctx: Context, name: str) -> None:
     """The digest the node's agent is told to run from its next answer on."""
     wanted = ctx.image_of(name)
-    image = ctx.catalog.current(wanted or "")
+    image = ctx.catalog.current(wanted or "", ctx.platform_of(name))
     ctx.assign(name, (wanted or "", image.digest))
     images_log.info("%s: assigned image %s %s", name, wanted, image.digest[:19])
 

@@ -30,6 +30,7 @@ from layerpy.nodes.store import VARIABLE_FIELDS
 from layerpy.power import PowerDriver, PowerError, close_all, make_driver
 from layerpy.power.poller import Poller
 from layerpy.proto.agent import FilesSpec, ImageSpec
+from layerpy.proto.platform import DEFAULT as DEFAULT_PLATFORM
 from layerpy.turns import in_turns
 
 if TYPE_CHECKING:
@@ -115,7 +116,7 @@ class Lifecycle:
     def _image_state(self, node: Node) -> str:
         if node.image_state != ImageState.ACTIVE:
             return node.image_state
-        wanted = self.catalog.digest(self.image_of(node.name))
+        wanted = self.catalog.digest(self.image_of(node.name), self.platform_of(node.name))
         return ImageState.STALE if wanted and node.image_digest != wanted else node.image_state
 
     def _observe(self, name: str) -> None:
@@ -133,8 +134,11 @@ class Lifecycle:
 
     async def follow(self) -> None:
         """Tell the engine what the store observed; a catalog change re-reads the nodes
-        that want that image (whether what they run is still the wanted digest)."""
+        that want that image (whether what they run is still the wanted digest). A node's
+        agent facts name its platform: its images are pulled for it from its hello on."""
         async for change in self.changes:
+            if change is not GAP and change.kind == "observed" and "agent" in change.fields:
+                self.catalog.want(self.platform_of(change.node))
             if change is GAP:
                 for name in self.store.nodes:
                     self._observe(name)
@@ -235,6 +239,12 @@ class Lifecycle:
         node = self.store.nodes.get(name)
         file_image = node.config.image if node else None
         return self.overrides.get(name, {}).get("image", file_image)
+
+    def platform_of(self, name: str) -> str:
+        """The node's OCI platform as its agent reports it (linux/amd64 until it has, and
+        for agents older than protocol 1.3): which image of a multi-architecture index."""
+        node = self.store.nodes.get(name)
+        return (node.agent.get("platform") if node else None) or DEFAULT_PLATFORM
 
     def image_spec(self, name: str) -> ImageSpec | None:
         """What the node's agent is told to run: the image the engine assigned it."""
@@ -346,7 +356,7 @@ class Lifecycle:
 
     def status(self, name: str) -> dict[str, Any]:
         node = self.store.nodes[name]
-        entry = self.catalog.entries.get(self.image_of(name) or "")
+        entry = self.catalog.entry(self.image_of(name), self.platform_of(name))
         files = self.files_spec(name)
         return {
             "location": node.location,  # evidence: source, switch, port, chassis, MAC, when
@@ -355,6 +365,8 @@ class Lifecycle:
             "rebind_pending": node.rebind_pending,  # a new machine waiting for `layerpy bind`
             "problem": node.problem,
             "console": node.console_problem,
+            # the file's wish (the signed path only) and the firmware's word, by its agent
+            "secure_boot": {"wanted": node.config.secure_boot, "reported": node.secure_boot},
             "image_wanted": self.image_of(name),
             "image_problem": entry.error if entry else None,
             "files": {  # the revision in place on the node, and the one it should have

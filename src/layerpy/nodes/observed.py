@@ -36,6 +36,12 @@ def _table(value: Any) -> dict[str, Any] | None:
     raise ValueError(value)
 
 
+def _flag(value: Any) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise ValueError(value)
+
+
 def _address(value: Any) -> IPv4Address | None:
     return None if value is None else IPv4Address(value)
 
@@ -60,11 +66,12 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "rebind_pending": _table,
     "problem": _text,
     "console_problem": _text,
+    "secure_boot": _flag,
     "heard_by": _text,
 }
 # what an agent says of its node: the hearing instance's own word wins
 AGENT_FIELDS = frozenset({"run_state", "busy", "image_state", "image_digest", "image_error",
-                          "files_revision", "files_error"})  # fmt: skip
+                          "files_revision", "files_error", "secure_boot"})  # fmt: skip
 
 
 def record(node: Node) -> Record:

@@ -20,6 +20,11 @@ log = logging.getLogger("layerpy.nodes")
 
 ALIVE = (RunState.INIT, RunState.READY)
 HEARTBEAT_ONLY = ("uptime", "seq")  # the agent's facts that change with every report
+# a node of a secure_boot group whose firmware says Secure Boot is off: shown as its problem
+SECURE_BOOT_OFF = (
+    "Secure Boot is off, but the node file has secure_boot = true for it: its firmware ran "
+    "the signed path unchecked (turn Secure Boot on in its firmware setup)"
+)
 
 
 class ReportRejected(Exception):
@@ -121,9 +126,13 @@ def facts(node: Node, report: Report, now: float) -> list[Effect]:
         "agent_version": report.agent_version,
         "timeline": report.timeline,
         "persist": report.persist,
+        "platform": report.platform,
     }
     news = {k: v for k, v in agent.items() if k not in HEARTBEAT_ONLY}
     quiet = news == {k: v for k, v in node.agent.items() if k not in HEARTBEAT_ONLY}
+    problem = SECURE_BOOT_OFF if node.config.secure_boot and report.secure_boot is False else None
+    if problem is not None and node.problem != problem:
+        log.warning("%s: %s", node.name, problem)
     return [
         Observe(node.name, {"last_report": now, "agent": agent}, quiet=quiet),
         Observe(
@@ -138,7 +147,8 @@ def facts(node: Node, report: Report, now: float) -> list[Effect]:
                 "image_error": image.error,
                 "files_revision": files.revision,
                 "files_error": files.error,
-                "problem": None,
+                "secure_boot": report.secure_boot,
+                "problem": problem,
             },
         ),
     ]

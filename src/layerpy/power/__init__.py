@@ -1,5 +1,6 @@
-"""Power drivers behind one async interface: IPMI (pyghmi), Redfish (aiohttp), QEMU (QMP)
-and none. ``make_driver`` builds the one a node's spec names."""
+"""Power drivers behind one async interface: IPMI (pyghmi), Redfish (aiohttp), QEMU (QMP),
+commands (a PDU, a PoE switch, a smart plug) and none. ``make_driver`` builds the one a
+node's spec names."""
 
 from __future__ import annotations
 
@@ -48,6 +49,12 @@ def make_driver(node: str, spec: PowerSpec) -> PowerDriver:
         raise PowerError(f"{node}: unknown power driver {spec.driver!r} (one of {DRIVERS})")
     if spec.driver == "none":
         return NoneDriver()
+    if spec.driver == "command":
+        from layerpy.power.command import CommandDriver
+
+        if spec.command is None:
+            raise PowerError(f"{node}: power driver command needs its commands")
+        return CommandDriver(node, spec)
     if not spec.address:
         raise PowerError(f"{node}: power driver {spec.driver} needs an address")
     if spec.driver == "ipmi":

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-DRIVERS = ("ipmi", "redfish", "qemu", "none")
-MAX_SESSIONS = 16  # IPMI worker threads: concurrent sessions with BMCs
+DRIVERS = ("ipmi", "redfish", "qemu", "command", "none")
+MAX_SESSIONS = 16  # IPMI worker threads, and power commands running at once
+POLL_TIMEOUT = 60.0  # seconds: a poll a driver never ends counts as failed (drivers bound it)
 
 
 class PowerError(Exception):
@@ -15,23 +16,52 @@ class PowerError(Exception):
 
 
 @dataclass(frozen=True)
+class CommandSpec:
+    """One node's power commands (driver "command"): each an argument list, its
+    placeholders already filled in for this node by the node file's reader; never a
+    shell line. An empty ``cycle`` is off, then on; an empty ``boot_network`` is nothing
+    (a machine powered by an outlet boots from the network by its own settings).
+
+    Status: with ``status_exit`` (exit code -> "on" or "off"), the exit code decides;
+    without, the command must exit 0 and its output is searched for the ``status_on``
+    and ``status_off`` patterns (Python regular expressions), exactly one of which must
+    match.
+    """
+
+    on: tuple[str, ...]
+    off: tuple[str, ...]
+    status: tuple[str, ...]
+    cycle: tuple[str, ...] = ()
+    boot_network: tuple[str, ...] = ()
+    status_on: str = r"(?i)^\s*on\s*$"
+    status_off: str = r"(?i)^\s*off\s*$"
+    status_exit: tuple[tuple[int, str], ...] = ()
+    # seconds a command may run before its process group is killed: below the 30 s the
+    # engine gives a power action, so that what is shown is this error, naming the command
+    timeout: float = 20.0
+
+
+@dataclass(frozen=True)
 class PowerSpec:
     """One node's power control as the node file gives it.
 
     ``address`` is the BMC's host or IP (ipmi), its base URL ``https://host[:port]``,
     optionally with a system's path, as in ``…/redfish/v1/Systems/1`` (redfish), or the
-    VM's QMP unix socket (qemu). The password is already resolved and is never shown.
+    VM's QMP unix socket (qemu), or what the commands' ``{address}`` stands for (command).
+    The password is already resolved and is never shown (a command gets it in its
+    environment, ``LAYERPY_BMC_PASSWORD``, never in its arguments).
     ``console`` is where its serial console is read: "sol" (IPMI Serial-over-LAN through
     this BMC) or the path of a Unix socket that is the serial line (QEMU's chardev).
     """
 
-    driver: str  # "ipmi" | "redfish" | "qemu" | "none"
+    driver: str  # one of DRIVERS
     address: str | None = None
     user: str | None = None
     password: str | None = field(default=None, repr=False)
     verify_tls: bool = True
     port: int | None = None
     console: str | None = None
+    command: CommandSpec | None = None  # driver "command" only
 
 
 def scrub(text: str, password: str | None) -> str:

@@ -4,9 +4,10 @@ A BMC whose last poll is still running is not polled again (a dead one takes sec
 time out and delays no one else), one that fails is tried again after 1, 2, 4 … up to 60 s
 and never given up (a BMC resets for minutes, or comes up after the server), and a success
 brings it back to the interval. At most ``limit`` polls run at once, fewer than the IPMI
-workers, so that the engine's power actions still find a worker free; and failing BMCs
-never take the last quarter of those, so that a thousand dead BMCs, each holding a worker
-for seconds, do not keep a live one from being read on time.
+workers (and the power commands run at once), so that the engine's power actions still
+find a worker free; and failing BMCs never take the last quarter of those, so that a
+thousand dead BMCs, each holding a worker for seconds, do not keep a live one from being
+read on time.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from layerpy.power.base import MAX_SESSIONS, PowerDriver, PowerError
+from layerpy.power.base import MAX_SESSIONS, POLL_TIMEOUT, PowerDriver, PowerError
 
 if TYPE_CHECKING:
     from layerpy.stats import Stats
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("layerpy.power")
 
 POLL_SLOTS = MAX_SESSIONS * 3 // 4  # polls at once; the rest of the workers serve actions
-POLL_TIMEOUT = 60.0  # seconds: a poll a driver never ends counts as failed (drivers bound it)
 BACKOFF = (1.0, 60.0)  # seconds: first retry after a failure, and the longest wait
 
 Report = Callable[[str, str | None, str | None], None]
@@ -203,6 +203,6 @@ class Poller:
 
 
 def driver_kind(driver: PowerDriver) -> str:
-    """The metrics label of a driver (ipmi, redfish, qemu, none): from its class, never
+    """The metrics label of a driver (ipmi, redfish, qemu, command, none): from its class, never
     from its node or address."""
     return type(driver).__name__.removesuffix("Driver").lower()

@@ -21,7 +21,11 @@ from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
-PROTOCOL = "1.2"  # 1.1: files and persistent paths; 1.2: the answer's servers
+from layerpy.proto import platform as platforms
+
+# 1.1: files and persistent paths; 1.2: the answer's servers; 1.3: the report's platform and
+# secure_boot
+PROTOCOL = "1.3"
 REPORT_PATH = "/api/v1/agent/report"
 FILES_PATH = "/api/v1/agent/files/"  # + a file's digest: one of the node's own files
 HEARTBEAT = 5.0  # seconds between reports unless the node file says otherwise
@@ -381,6 +385,14 @@ class Report:
     image: ImageStatus = _field(_record(ImageStatus), ImageStatus())
     files: FilesStatus = _field(_record(FilesStatus), FilesStatus())
     persist: str | None = _field(_optional(_text), None)  # where persistent paths are kept
+    # whether the firmware booted the node with Secure Boot on (1.3); None: not said (an
+    # older agent, or UEFI variables it cannot read)
+    secure_boot: bool | None = _field(_optional(_boolean), None)
+    # the node's OCI platform (1.3), which image of a multi-architecture index it runs; an
+    # older agent sends none: it ran only on amd64
+    platform: str = _field(
+        _pattern(platforms.PATTERN, "os/architecture[/variant]"), platforms.DEFAULT
+    )
     protocol: str = _field(_text, PROTOCOL)
 
     @classmethod

@@ -28,6 +28,9 @@ OPT_MAX_SIZE = 57
 OPT_VENDOR_CLASS = 60
 # PXE option 43: sub-option 6 (discovery control) = 8 (use the offered boot file), end.
 PXE_BOOT_OFFERED_FILE = bytes((6, 1, 8, 255))
+# The FourCCs a Raspberry Pi 4/5 bootloader puts first in its option 97 GUID (rpi-eeprom's
+# DHCP_OPTION97: 0x34695052 little-endian, "RPi5" on a Pi 5; docs/hardware.md).
+RPI_GUIDS = (b"RPi4", b"RPi5")
 OPT_CLIENT_ID = 61
 OPT_TFTP_SERVER = 66
 OPT_BOOTFILE = 67
@@ -109,6 +112,24 @@ class DhcpPacket:
     def is_http_client(self) -> bool:
         """UEFI HTTP boot: it loads the boot file from an http:// URL, without TFTP."""
         return self.options.get(OPT_VENDOR_CLASS, b"").startswith(b"HTTPClient")
+
+    @property
+    def rpi_guid(self) -> tuple[str | None, str] | None:
+        """A Raspberry Pi bootloader's option 97 as (model, serial): model ``RPi4`` or
+        ``RPi5`` from its FourCC, with the serial in the GUID's last four bytes, or None
+        for the old format (the serial four times, ``DHCP_OPTION97=0``: anything may look
+        so, only a node's serial makes it a Pi). Serial: 8 lowercase hex digits, from the
+        little-endian word (captures of the old format show it so). None: no such GUID."""
+        value = self.options.get(OPT_UUID, b"")
+        if len(value) != 17 or value[0] != 0:
+            return None
+        guid = value[1:]
+        serial = f"{int.from_bytes(guid[12:16], 'little'):08x}"
+        if guid[:4] in RPI_GUIDS:
+            return guid[:4].decode(), serial
+        if guid[:4] * 4 == guid:
+            return None, serial
+        return None
 
     @property
     def requested_ip(self) -> IPv4Address | None:
@@ -241,6 +262,21 @@ class Offer:
     next_server: IPv4Address | None = None
     bootfile: str | None = None
     ipxe_no_pxedhcp: bool = False
+    pxe_menu: str | None = None  # a PXE boot menu item to offer (option 43), with no file
+
+
+def pxe_boot_menu(item: str) -> bytes:
+    """Option 43 naming one PXE boot menu item, as dnsmasq's ``pxe-service=0,"ITEM"``
+    sends it and a Raspberry Pi bootloader looks for it: discovery control 3 (no boot
+    server discovery), a prompt with timeout 0, the menu (type 0 and the item), end."""
+    text = item.encode()[:250]
+    return (
+        bytes((6, 1, 3, 10, 4, 0))
+        + b"PXE"
+        + bytes((9, len(text) + 3, 0, 0, len(text)))
+        + text
+        + bytes((255,))
+    )
 
 
 def build_reply(request: DhcpPacket, offer: Offer, *, proxy: bool = False) -> DhcpPacket:
@@ -264,6 +300,9 @@ def build_reply(request: DhcpPacket, offer: Offer, *, proxy: bool = False) -> Dh
             extra[OPT_VENDOR_SPECIFIC] = PXE_BOOT_OFFERED_FILE
         elif request.is_http_client:  # UEFI takes an HTTP boot offer only with this echoed
             extra[OPT_VENDOR_CLASS] = b"HTTPClient"
+    if offer.pxe_menu:  # also in the ACK to a REQUEST without option 60 (a Pi's)
+        extra[OPT_VENDOR_CLASS] = b"PXEClient"
+        extra[OPT_VENDOR_SPECIFIC] = pxe_boot_menu(offer.pxe_menu)
     if offer.ipxe_no_pxedhcp and not proxy:
         extra[OPT_IPXE] = bytes((IPXE_NO_PXEDHCP, 1, 1))
     wanted = request.options.get(OPT_PARAM_LIST, b"")

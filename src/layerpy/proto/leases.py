@@ -104,11 +104,17 @@ class LeaseTable:
 
     def leased(self, address: str) -> bool:
         """Whether `address` (text, as a socket names a peer) is offered or bound now."""
+        return self.holder(address) is not None
+
+    def holder(self, address: str) -> str | None:
+        """The client `address` (text, as a socket names a peer) is offered or bound to now."""
         try:
             held = self._held.get(int(IPv4Address(address)))
         except ValueError:
-            return False
-        return held is not None and held[1] in (OFFERED, BOUND) and held[2] > self.clock()
+            return None
+        if held is None or held[1] not in (OFFERED, BOUND) or held[2] <= self.clock():
+            return None
+        return held[0]
 
     def candidate(self, client: str, requested: IPv4Address | None = None) -> IPv4Address | None:
         """The address an allocation for this client would take, without taking it: its

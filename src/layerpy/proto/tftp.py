@@ -239,7 +239,7 @@ class Transfer:
         self.size = len(data)
         self._data = data
         self.retries = retries
-        self.state = "open"  # then "done" or "failed"
+        self.state = "open"  # then "done", "failed", or "sized" (the client took the size only)
         self.reason = ""
         self.blksize, self.windowsize, self.timeout = 512, 1, timeout
         opts, accepted = request.options, {}
@@ -255,6 +255,7 @@ class Transfer:
         if "tsize" in opts and self.size:  # curl rejects "tsize 0"; declining is allowed
             accepted["tsize"] = str(self.size)
         self._oack = encode(OAck(accepted)) if accepted else b""
+        self._tsize = "tsize" in accepted
         self._last = self.size // self.blksize + 1  # the final block is short, maybe empty
         self._acked = -1 if accepted else 0  # highest block acknowledged
         self._sent = 0  # highest block sent
@@ -275,6 +276,9 @@ class Transfer:
         else:
             packet = decode(datagram)
             if isinstance(packet, Error):
+                if self._size_asked(packet):
+                    self.state, self.reason = "sized", f"size only ({packet.message[:40]})"
+                    return []
                 self.abort(f"client error {packet.code}: {packet.message}")
                 return []
             if not isinstance(packet, Ack):
@@ -294,6 +298,18 @@ class Transfer:
         # A full window acknowledged moves on; a partial one (RFC 7440: the client lost a
         # block) restarts from the first block it did not get.
         return self._window()
+
+    def _size_asked(self, error: Error) -> bool:
+        """Whether the client only wanted the file's size: it ends the transfer right after
+        an OACK that told it (RFC 2349), as a Raspberry Pi's bootloader does before each
+        read ("Early terminate") and EDK2's GetFileSize does; refusing the options (code 8)
+        is a failure."""
+        return (
+            self.state == "open"
+            and self._acked < 0
+            and self._tsize
+            and error.code != ErrorCode.BAD_OPTIONS
+        )
 
     def expire(self) -> list[bytes]:
         """The timer ran out: resend everything outstanding, or give up.

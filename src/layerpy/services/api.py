@@ -201,7 +201,7 @@ async def plan(request: web.Request) -> web.StreamResponse:
 
 
 async def list_images(request: web.Request) -> web.Response:
-    entries = request.app[CATALOG].entries.values()
+    entries = request.app[CATALOG].all_entries()
     return web.json_response([entry.as_json() for entry in entries])
 
 

@@ -19,7 +19,7 @@ from typing import Any, BinaryIO, Protocol
 from aiohttp import hdrs, web
 from aiohttp.abc import AbstractStreamWriter
 
-from layerpy.boot import Booter, Refused
+from layerpy.boot import MINOS_FILES, Booter, Refused, SignedOnly
 from layerpy.catalog import Catalog
 from layerpy.logs import Throttle
 from layerpy.model import Phase
@@ -104,8 +104,7 @@ def build_app(
             web.get("/boot/{name}.ipxe", boot_script),
             web.get("/boot/discover/{mac}.ipxe", discovery_script),
             web.get("/ipxe/{file}", ipxe_file),
-            web.get("/minos/kernel", minos_file),
-            web.get("/minos/initrd", minos_file),
+            *(web.get(f"/{name}", minos_file) for name in MINOS_FILES),
             web.post(REPORT_PATH, agent_report),
             web.get("/images/{digest}/{file}", image_file),
             web.get(FILES_PATH + "{digest}", node_file),
@@ -153,6 +152,11 @@ async def boot_script(request: web.Request) -> web.Response:
         quiet.log("boot script refused", logging.WARNING, "%s: refused its boot script to %s", name,
                   request.remote)  # fmt: skip
         raise web.HTTPForbidden(text=f"the boot script of {name} is only for {whom}\n") from None
+    except SignedOnly:
+        quiet.log("boot script refused", logging.WARNING, "%s: refused an iPXE script to %s: "
+                  "secure_boot = true", name, request.remote)  # fmt: skip
+        text = f"{name} boots by the signed path only (secure_boot = true): no iPXE script\n"
+        raise web.HTTPForbidden(text=text) from None
     if script is None:
         raise web.HTTPNotFound(text=f"no node named {name!r}\n")
     return web.Response(text=script, content_type="text/plain")
@@ -184,11 +188,14 @@ async def ipxe_file(request: web.Request) -> QueuedFile:
 
 
 async def minos_file(request: web.Request) -> QueuedFile:
+    """A minOS's kernel or initramfs (MINOS_FILES: the x86-64 one, or another arch's)."""
     booter = request.app[BOOTER]
-    which = request.path.rsplit("/", 1)[1]
-    booter.fetched(request.remote or "", Phase(which))
-    minos = booter.config.minos
-    return QueuedFile(minos.kernel if which == "kernel" else minos.initrd)
+    arch, phase = MINOS_FILES[request.path.lstrip("/")]
+    files = booter.config.minos.files(arch)
+    if files is None:
+        raise web.HTTPNotFound(text=f"no {arch} minOS here (minos/build.sh --arch {arch})\n")
+    booter.fetched(request.remote or "", phase)
+    return QueuedFile(files[phase is Phase.INITRD])
 
 
 async def agent_report(request: web.Request) -> web.Response:

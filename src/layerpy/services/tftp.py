@@ -20,14 +20,13 @@ import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from layerpy.boot import Booter
+from layerpy.boot import Booter, Refused, phase_of
 from layerpy.host import cannot_listen
 from layerpy.logs import Throttle
-from layerpy.model import Phase
 from layerpy.proto import tftp as proto
 from layerpy.services.datagrams import RECEIVE_SIZE, Datagrams, deep_buffers
 from layerpy.stats import Stats
@@ -80,7 +79,8 @@ def accounting(stats: Stats, booter: Booter) -> Callable[[TftpEvent], None]:
     transfer, with its service time and acknowledged bytes; failed ones are failures),
     "denied" (refused before any data: no such file, a write, a bad mode), "refused" (over
     the transfer budget); "malformed" counts dropped datagrams. A transfer done is the
-    TFTP phase of the boot of the node at that address."""
+    TFTP phase of the boot of the node at that address (the kernel or initrd phase for
+    the minOS's, which the signed GRUB loads by TFTP)."""
 
     def account(event: TftpEvent) -> None:
         if event.kind in ("done", "failed"):
@@ -89,7 +89,7 @@ def accounting(stats: Stats, booter: Booter) -> Callable[[TftpEvent], None]:
         elif event.kind in ("denied", "refused", "malformed"):
             stats.count("tftp", event.kind, ok=False)
         if event.kind == "done":
-            booter.fetched(event.client, Phase.TFTP)
+            booter.fetched(event.client, phase_of(event.filename))
 
     return account
 
@@ -138,11 +138,26 @@ class FileContent:
             self.fd = -1
 
 
-def _open(root: Path, request: proto.Request) -> FileContent:
-    """Runs in a worker thread: the policy checks stat the disk."""
+class Rendered(bytes):
+    """A file made for one request (a node's GRUB config, a Raspberry Pi's cmdline.txt): its
+    bytes, nothing to close."""
+
+    def close(self) -> None:
+        pass
+
+
+# A file the booter serves by name beside the root's (the signed path's, a Raspberry Pi's):
+# a file's path, or bytes made for the asking address; None: not one of its names. Raises
+# Refused, or FileNotFoundError for a name of its own that it has no file for.
+Lookup = Callable[[str, str], Awaitable[bytes | Path | None]]
+
+
+def _open(root: Path, request: proto.Request, path: Path | None = None) -> FileContent:
+    """Runs in a worker thread: the policy checks stat the disk. `path`: the file the
+    booter named, else the one under `root` that the request names."""
     proto.check_request(request)
     try:
-        content = FileContent(proto.safe_path(root, request.filename))
+        content = FileContent(path or proto.safe_path(root, request.filename))
     except OSError as exc:
         raise proto.TftpError(
             proto.ErrorCode.ACCESS_VIOLATION, exc.strerror or "unreadable"
@@ -164,7 +179,7 @@ class _Session:
     """
 
     def __init__(
-        self, server: TftpServer, transfer: proto.Transfer, content: FileContent,
+        self, server: TftpServer, transfer: proto.Transfer, content: FileContent | Rendered,
         sock: socket.socket, client: tuple, name: str, t0: float,
     ) -> None:  # fmt: skip
         self.server, self.transfer, self.content, self.sock = server, transfer, content, sock
@@ -232,7 +247,7 @@ class _Session:
             self.loop.remove_reader(self.sock.fileno())
             self.sock.close()
             self.content.close()
-            kind = "done" if self.transfer.state == "done" else "failed"
+            kind = "failed" if self.transfer.state == "failed" else "done"  # or "sized"
             acked, reason = self.transfer.bytes_acked, self.transfer.reason
             self.server._emit(kind, self.client, self.name, self.t0, acked, reason)
 
@@ -247,9 +262,11 @@ class TftpServer:
         interface: str | None,
         on_event: Callable[[TftpEvent], None] | None,
         budget: TftpBudget,
+        lookup: Lookup | None = None,
         **options: float,
     ) -> None:
         self.root, self.address, self.interface, self.on_event = root, address, interface, on_event
+        self.lookup = lookup
         self.budget = budget
         self.options = options  # for Transfer: timeout, retries
         self.stats = TftpStats()
@@ -302,11 +319,18 @@ class TftpServer:
     async def _serve(self, request: proto.Request, client: tuple) -> None:
         t0 = time.monotonic()
         try:
-            content = await asyncio.to_thread(_open, self.root, request)
+            content = await self._content(request, client[0])
         except proto.TftpError as exc:
             if self._listen:
                 self._listen.send(exc.packet(), client)
             self._emit("denied", client, request.filename, t0, reason=exc.message)
+            return
+        except Exception:  # a bug must not leave the client waiting for its retries
+            log.exception("TFTP request for %s", printable(request.filename))
+            refusal = proto.TftpError(proto.ErrorCode.NOT_DEFINED, "server error")
+            if self._listen:
+                self._listen.send(refusal.packet(), client)
+            self._emit("denied", client, request.filename, t0, reason=refusal.message)
             return
         transfer = proto.Transfer(request, content, **self.options)
         try:
@@ -316,6 +340,22 @@ class TftpServer:
             self._emit("failed", client, request.filename, t0, reason=str(exc))
             return
         _Session(self, transfer, content, sock, client, request.filename, t0)
+
+    async def _content(self, request: proto.Request, address: str) -> FileContent | Rendered:
+        """What the request names: a file of the booter's (its lookup), else one under the
+        root. Raises TftpError."""
+        found = None
+        if self.lookup is not None and request.opcode == proto.Opcode.RRQ:
+            try:
+                found = await self.lookup(request.filename, address)
+            except Refused as why:
+                raise proto.TftpError(proto.ErrorCode.ACCESS_VIOLATION, str(why)) from None
+            except FileNotFoundError:
+                raise proto.TftpError(proto.ErrorCode.FILE_NOT_FOUND, "file not found") from None
+        if isinstance(found, bytes):
+            proto.check_request(request)
+            return Rendered(found)
+        return await asyncio.to_thread(_open, self.root, request, found)
 
     def _emit(self, kind: str, client: tuple, name: str, t0: float, size=0, reason="") -> None:
         """Count, log and report the start or the end of one request, or a dropped datagram."""
@@ -367,12 +407,13 @@ async def start_tftp(
     interface: str | None = None,
     on_event: Callable[[TftpEvent], None] | None = None,
     budget: TftpBudget,
+    lookup: Lookup | None = None,
     timeout: float = 1.0,
     retries: int = 5,
 ) -> TftpServer:
-    """Serve files under `root` read-only on address:port (bound to `interface` if given),
-    at most `budget`'s transfers at once."""
-    server = TftpServer(root, address, interface, on_event, budget, timeout=timeout,
+    """Serve files under `root`, and those `lookup` names, read-only on address:port (bound
+    to `interface` if given), at most `budget`'s transfers at once."""
+    server = TftpServer(root, address, interface, on_event, budget, lookup, timeout=timeout,
                         retries=retries)  # fmt: skip
     try:
         sock = _socket(address, port, interface)
