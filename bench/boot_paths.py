@@ -99,28 +99,13 @@ def node_file(run_dir: Path, chosen: list[BootPath]) -> Path:
     return file
 
 
-def direct_append(session: LabSession, path: BootPath, address: str) -> str:
-    """The kernel arguments of the node's boot script, as a loader would get them (the
-    script fetched from the node's own address, put on the bridge for that request)."""
-    lab = session.lab
-    lab.run(["ip", "addr", "add", f"{address}/32", "dev", lab.bridge])
-    try:
-        url = f"http://{lab.address}:8080/boot/{path.name}.ipxe"
-        script = lab.run(["curl", "-sf", "--max-time", "10", "--interface", address, url]).stdout
-    finally:
-        lab.run(["ip", "addr", "del", f"{address}/32", "dev", lab.bridge])
-    kernel = next(line for line in script.splitlines() if line.startswith("kernel "))
-    ours = [word for word in kernel.split()[2:] if word.startswith(("layerpy.", "BOOTIF="))]
-    return " ".join(["console=ttyAMA0", *ours])
-
-
 def boot(session: LabSession, path: BootPath, address: str) -> float | None:
     """Seconds from QEMU's start to the node's ready; None past TIMEOUT."""
     before = session.nodes()[path.name]["boots"]  # ready again: a later boot's
     spec = path.spec
     started = time.monotonic()  # a direct boot's script fetch is its loader's part
     if spec.firmware == "direct":
-        spec = replace(spec, append=direct_append(session, path, address))
+        spec = replace(spec, append=session.direct_append(path.name, address))
     vm = session.lab.add_vm(spec)
     try:
         while time.monotonic() < started + TIMEOUT:

@@ -16,7 +16,6 @@ import atexit
 import contextlib
 import ctypes
 import itertools
-import json
 import os
 import re
 import shutil
@@ -30,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from qmp_power import qmp
 
 HERE = Path(__file__).resolve().parent
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
@@ -225,10 +226,6 @@ def wait_file(
         time.sleep(0.05)
 
 
-class QmpError(RuntimeError):
-    """QEMU answered a QMP command with an error."""
-
-
 class Vm:
     """One QEMU process in the lab, with its serial log and QMP socket."""
 
@@ -243,23 +240,9 @@ class Vm:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def qmp(self, command: str, **arguments: Any) -> Any:
-        """Run one QMP command on a fresh connection and return its ``return`` value."""
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(10)
-            sock.connect(str(self.qmp_path))
-            stream = sock.makefile("rwb")
-            json.loads(stream.readline())  # greeting
-            for name, args in (("qmp_capabilities", {}), (command, arguments)):
-                stream.write(json.dumps({"execute": name, "arguments": args}).encode() + b"\n")
-                stream.flush()
-                while True:  # skip asynchronous events
-                    reply = json.loads(stream.readline() or b'{"error": {"desc": "EOF"}}')
-                    if "return" in reply or "error" in reply:
-                        break
-                if "error" in reply:
-                    raise QmpError(f"{self.spec.name}: {name}: {reply['error']['desc']}")
-        return reply["return"]
+    def qmp(self, command: str) -> Any:
+        """Run one QMP command (on a fresh connection) and return its ``return`` value."""
+        return qmp(self.qmp_path, command)[0]
 
     def reset(self) -> None:
         """A hard reboot (QMP system_reset); later wait_serial calls see only the new boot."""

@@ -122,6 +122,21 @@ class LabSession:
         result = self.lab.run([str(LAYERPY), *args, "--server", str(self.socket)], check=check)
         return result.stdout if not result.returncode else result.stdout + result.stderr
 
+    def direct_append(self, node: str, address: str, console: str = "ttyAMA0") -> str:
+        """For a VM whose QEMU loads the minOS itself (firmware "direct"): the kernel
+        arguments a loader would get from the node's boot script, fetched from the node's
+        own address (put on the bridge for this one request, then removed)."""
+        lab = self.lab
+        lab.run(["ip", "addr", "add", f"{address}/32", "dev", lab.bridge])
+        try:
+            url = f"http://{lab.address}:8080/boot/{node}.ipxe"
+            script = lab.run(["curl", "-sf", "--max-time", "10", "--interface", address, url])
+        finally:
+            lab.run(["ip", "addr", "del", f"{address}/32", "dev", lab.bridge])
+        kernel = next(line for line in script.stdout.splitlines() if line.startswith("kernel "))
+        ours = [word for word in kernel.split()[2:] if word.startswith(("layerpy.", "BOOTIF="))]
+        return " ".join([f"console={console}", *ours])
+
     def nodes(self) -> dict[str, dict[str, Any]]:
         return {node["name"]: node for node in self.api("/api/v1/nodes") or []}
 

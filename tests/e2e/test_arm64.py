@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import Lab, VmSpec
+from lab import VmSpec
 from oci import BUSYBOX, build_multiarch, debian_busybox
 from session import MACHINES, LabSession, lab_text
 
@@ -83,20 +83,6 @@ def node_file(run_dir: Path, layout: Path) -> Path:
     return path
 
 
-def boot_arguments(lab: Lab) -> str:
-    """The kernel arguments of the node's boot script, fetched from the node's address (put
-    on the bridge for this one request, then removed), for the arm64 console."""
-    lab.run(["ip", "addr", "add", f"{IP}/32", "dev", lab.bridge])
-    try:
-        url = f"http://{lab.address}:8080/boot/{NODE}.ipxe"
-        script = lab.run(["curl", "-sf", "--max-time", "10", "--interface", IP, url]).stdout
-    finally:
-        lab.run(["ip", "addr", "del", f"{IP}/32", "dev", lab.bridge])
-    kernel = next(line for line in script.splitlines() if line.startswith("kernel "))
-    ours = [word for word in kernel.split()[2:] if word.startswith(("layerpy.", "BOOTIF="))]
-    return " ".join(["console=ttyAMA0", *ours])
-
-
 @pytest.fixture(scope="module")
 def arm_lab(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("arm64", numbered=True)
@@ -110,7 +96,7 @@ def arm_lab(tmp_path_factory: pytest.TempPathFactory):
 
 def test_arm64_node_boots_the_arm64_minos_to_ready_and_runs_its_image(arm_lab) -> None:
     session, digests = arm_lab
-    append = boot_arguments(session.lab)
+    append = session.direct_append(NODE, IP)
     assert f"layerpy.node={NODE}" in append and "layerpy.token=" in append, append
     spec = replace(MACHINES[NODE], firmware="direct", kernel=MINOS / "vmlinuz",
                    initrd=MINOS / "initrd", append=append)  # fmt: skip
