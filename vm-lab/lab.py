@@ -41,9 +41,10 @@ OVMF_SECBOOT_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.secboot.fd")
 OVMF_MS_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.ms.fd")
 AAVMF_CODE = Path("/usr/share/AAVMF/AAVMF_CODE.fd")  # qemu-efi-aarch64: UEFI for arm64 virt
 AAVMF_VARS = Path("/usr/share/AAVMF/AAVMF_VARS.fd")
+AAVMF_MS_VARS = Path("/usr/share/AAVMF/AAVMF_VARS.ms.fd")  # Microsoft's keys, Secure Boot on
 # "direct": no firmware, QEMU loads the spec's kernel and initrd itself (the minOS straight)
 FIRMWARES = ("bios", "uefi", "uefi-pxe", "uefi-http", "uefi-sb", "direct")
-ARM64_FIRMWARES = ("uefi-pxe", "uefi-http", "direct")  # AAVMF's own network boot, or none
+ARM64_FIRMWARES = ("uefi-pxe", "uefi-http", "uefi-sb", "direct")  # AAVMF's network boot, or none
 ARCHES = ("amd64", "arm64")
 NICS = ("virtio-net-pci", "e1000e", "e1000", "rtl8139", "vmxnet3")
 PR_SET_PDEATHSIG = 1
@@ -143,7 +144,7 @@ def qemu_command(spec: VmSpec, run_dir: Path) -> list[str]:
         cmd += ["-fw_cfg", "name=opt/org.tianocore/IPv6Support,string=no"]
         # AAVMF keeps its PXEv6 entry (a minute's wait for no DHCPv6) without this one
         cmd += ["-fw_cfg", "name=opt/org.tianocore/IPv6PXESupport,string=no"]
-    if spec.firmware == "uefi-sb":  # the variable store writable from SMM only
+    if spec.firmware == "uefi-sb" and spec.arch == "amd64":  # variables writable from SMM only
         cmd += ["-global", "driver=cfi.pflash01,property=secure,value=on"]
     if (code := uefi_files(spec)) is not None:
         vars_copy = run_dir / f"{spec.name}.vars.fd"
@@ -160,8 +161,8 @@ def uefi_files(spec: VmSpec) -> tuple[Path, Path] | None:
     """The UEFI firmware's code and the template of its variables, for a UEFI VM."""
     if spec.firmware in ("bios", "direct"):
         return None
-    if spec.arch == "arm64":
-        return AAVMF_CODE, AAVMF_VARS
+    if spec.arch == "arm64":  # one AAVMF code; the ms variables turn Secure Boot on
+        return AAVMF_CODE, AAVMF_MS_VARS if spec.firmware == "uefi-sb" else AAVMF_VARS
     return (
         (OVMF_SECBOOT_CODE, OVMF_MS_VARS) if spec.firmware == "uefi-sb" else (OVMF_CODE, OVMF_VARS)
     )

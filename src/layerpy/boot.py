@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from layerpy.config import Config
 from layerpy.config.records import EFI_ARCHES, MINOS_ARCHES
 from layerpy.logs import Throttle
-from layerpy.model import Node, Phase
+from layerpy.model import Node, Phase, RunState
 from layerpy.nodes import DISCOVERY, Ack, NodeStore, ReportRejected
 from layerpy.nodes.backend import CLIENTS, LEASES, TOKENS, Backend, Record, Unreachable
 from layerpy.proto import rpi
@@ -83,7 +83,14 @@ ARCHITECTURES = {
 }
 # A Raspberry Pi 4/5 bootloader says arch 0 like a BIOS; its option 97 tells it apart.
 RPI = Firmware("rpi", "", menu=rpi.MENU, arch="arm64")
-FIRMWARE = {firmware.name: firmware for firmware in (*ARCHITECTURES.values(), RPI)}
+# iPXE itself asking (user class iPXE): it gets its script; on arm64 (option 93 = 11) it is
+# told apart, so that a boot iPXE began, or an unknown machine last seen as iPXE, still
+# gets the minOS of its CPU.
+IPXE, IPXE_ARM64 = "ipxe", "ipxe-arm64"
+FIRMWARE = {
+    firmware.name: firmware
+    for firmware in (*ARCHITECTURES.values(), RPI, Firmware(IPXE_ARM64, "", arch="arm64"))
+}
 # Debian 12's signed netboot GRUB (grubnet<arch>.efi): built with the prefix "/grub" on the
 # TFTP server it came from and a memdisk grub.cfg that sources $prefix/<platform>/grub.cfg
 # if it exists, else $prefix/grub.cfg; it has TFTP but no HTTP (docs/secure-boot.md).
@@ -101,10 +108,10 @@ PER_PORT = 4  # discovery addresses the machines behind one relay port may hold 
 
 
 def firmware_of(request: DhcpPacket) -> str:
-    """What is asking: ``ipxe``, ``os`` (no PXE, no HTTP boot), a name of ``FIRMWARE``, or
-    ``arch-N`` for an architecture nobody knows."""
+    """What is asking: ``ipxe`` (``ipxe-arm64``), ``os`` (no PXE, no HTTP boot), a name of
+    ``FIRMWARE``, or ``arch-N`` for an architecture nobody knows."""
     if request.is_ipxe:
-        return "ipxe"
+        return IPXE_ARM64 if request.client_arch in (11, 19) else IPXE
     guid = request.rpi_guid  # a Pi's REQUEST has no option 60: ask before it
     if guid is not None and guid[0] is not None and not request.is_http_client:
         return RPI.name
@@ -239,9 +246,10 @@ class BootPolicy:
         self.peers: tuple[str, ...] = ()  # the other instances' URLs on this segment
         self.owner_url: Callable[[str], str | None] = lambda node: None  # its owner's URL
         self._rechecked: dict[str, float] = {}  # node -> when its token was read again
-        # node (or discover/MAC) -> (when, token, text): a Pi's cmdline.txt, read more than
-        # once in one boot; oldest first, none older than CMDLINE_KEEP kept
-        self._cmdlines: OrderedDict[str, tuple[float, str, bytes]] = OrderedDict()
+        # node (or discover/MAC) -> (when, token, command line) handed out by TFTP (GRUB's
+        # config, a Pi's cmdline.txt), read more than once a boot; oldest first, none
+        # older than CMDLINE_KEEP kept
+        self._cmdlines: OrderedDict[str, tuple[float, str, str]] = OrderedDict()
         if self._shared:
             self.backend.on_change(self._leased_elsewhere)
 
@@ -449,7 +457,7 @@ class BootPolicy:
         if effect.action is Action.OFFERED:  # a DISCOVER left unanswered starts no boot
             if verdict.boot_request and verdict.node is not None:
                 self.nodes.saw_boot_request(verdict.node, verdict.firmware, verdict.xid)
-                self._cmdlines.pop(verdict.node.name, None)  # a new boot: a new cmdline.txt
+                self._cmdlines.pop(verdict.node.name, None)  # a new boot: a new command line
             return
         if effect.action is Action.ACKED:
             if verdict.node is not None and verdict.firmware != "os":
@@ -558,7 +566,7 @@ class BootPolicy:
         if address is None:
             return None, "unknown machine, the discovery pool is exhausted"
         server, network = self.config.server, self.config.network
-        if firmware == "ipxe":
+        if firmware in (IPXE, IPXE_ARM64):
             loads = {"bootfile": f"{self.base_url}/boot/discover/{mac}.ipxe",
                      "ipxe_no_pxedhcp": True}  # fmt: skip
         offer = Offer(
@@ -595,7 +603,7 @@ class BootPolicy:
         """Authoritative: the node's address and what to boot. Proxy: what to boot, and
         the address the node file expects (0.0.0.0: any)."""
         server, network = self.config.server, self.config.network
-        if firmware == "ipxe":
+        if firmware in (IPXE, IPXE_ARM64):
             loads = {"bootfile": self.script_url(node), "ipxe_no_pxedhcp": True}
             if server.dhcp == "proxy":  # iPXE takes a ProxyDHCP ACK only if it names one
                 loads["next_server"] = server.address
@@ -621,9 +629,10 @@ class BootPolicy:
         node whose firmware [ipxe] has no binary for (arm64) where the signed loaders are
         there. Not for a machine no node claims: GRUB's config is a node's."""
         secure = node is not None and node.config.secure_boot
-        if firmware == "os" or (firmware == "ipxe" and not secure):
+        ipxe = firmware in (IPXE, IPXE_ARM64)
+        if firmware == "os" or (ipxe and not secure):
             return {}
-        if firmware == "ipxe":
+        if ipxe:
             return "iPXE asks, but the node has secure_boot = true: it gets the signed path only"
         kind = FIRMWARE.get(firmware)
         no_binary = f"firmware {firmware} (option 93): no iPXE binary for it in [ipxe]"
@@ -681,14 +690,15 @@ class BootPolicy:
         return self._script(node.name, node_arch(node), await self._boot_cmdline(node))
 
     async def grub_config(self, remote: str) -> str | None:
-        """The GRUB config that loads the minOS with a fresh boot token, for the node at
+        """The GRUB config that loads the minOS with the boot's token, for the node at
         `remote`: GRUB asks for the same file name from every machine, so the asking address
-        is what names the node, and a machine gets only its own (None: no node there)."""
+        is what names the node, and a machine gets only its own (None: no node there;
+        Refused: its boot is not waiting for one, _tftp_cmdline)."""
         node = self.nodes.by_ip(remote)
         if node is None:
             return None
-        cmdline, server = await self._boot_cmdline(node), self.config.server.address
-        files = f"(tftp,{server})/{minos_dir(node_arch(node))}"
+        files = f"(tftp,{self.config.server.address})/{minos_dir(node_arch(node))}"
+        cmdline = await self._tftp_cmdline(node)
         return (
             f"echo 'layerpy: booting {node.name} into the minOS'\n"
             f"linux {files}/kernel {grub_words(cmdline)}\n"
@@ -768,34 +778,57 @@ class BootPolicy:
 
     async def _pi_cmdline(self, node: Node | None, mac: str) -> bytes:
         """cmdline.txt: the iPXE script's command line (a node's, or a discovery boot's),
-        then ``[rpi] cmdline``. Its token is issued once a boot (the Pi reads the file more
-        than once: probe, read, and again from start4.elf); a new DHCP DISCOVER, another
-        token issued, or CMDLINE_KEEP seconds start the next."""
-        now = time.monotonic()
-        key = node.name if node is not None else f"{DISCOVERY}/{mac}"
-        kept = self._cmdlines.get(key)
-        if kept is not None and now - kept[0] < CMDLINE_KEEP:
-            _, token, text = kept
-            if node is not None and self.nodes.holds_token(node.name, token):
-                return text
-            if node is None and self.nodes.unknown.check_token(mac, token) is not None:
-                return text
+        then ``[rpi] cmdline``."""
         if node is not None:
-            cmdline = await self._boot_cmdline(node)
-            self.nodes.mark(node, Phase.SCRIPT)
+            cmdline = await self._tftp_cmdline(node)
         else:
-            token = self.nodes.discovery_token(mac)
-            if token is None:
-                raise FileNotFoundError(rpi.CMDLINE)
-            cmdline = self._cmdline(DISCOVERY, token, mac)
+            key = f"{DISCOVERY}/{mac}"
+            kept = self._kept_cmdline(key)
+            if kept is not None and self.nodes.unknown.check_token(mac, kept[0]) is not None:
+                cmdline = kept[1]
+            else:
+                token = self.nodes.discovery_token(mac)
+                if token is None:
+                    raise FileNotFoundError(rpi.CMDLINE)
+                cmdline = self._keep_cmdline(key, token, self._cmdline(DISCOVERY, token, mac))
         settings = self.config.rpi
         extra = settings.cmdline if settings is not None else ""
-        text = (" ".join(arg for arg in (cmdline, extra) if arg) + "\n").encode()
-        self._cmdlines[key] = (now, Cmdline.parse(cmdline).token, text)
+        return (" ".join(arg for arg in (cmdline, extra) if arg) + "\n").encode()
+
+    async def _tftp_cmdline(self, node: Node) -> str:
+        """The minOS command line a node's loader reads by TFTP (the signed GRUB's config,
+        a Pi's cmdline.txt). Its token is issued once a boot and kept CMDLINE_KEEP seconds:
+        loaders read the file more than once (a Pi: probe, read, and again from
+        start4.elf; GRUB: a test, then the read). A TFTP request's source address is easily
+        forged, so a read issues a token only while the node's boot waits for one (it is
+        booting, from DHCP its firmware sent, and no script or config went out yet); else
+        it is Refused: a forged datagram cannot end a running node's token or start a boot."""
+        kept = self._kept_cmdline(node.name)
+        if kept is not None and self.nodes.holds_token(node.name, kept[0]):
+            return kept[1]
+        boot = node.boot
+        if node.run_state is not RunState.BOOTING or boot is None or Phase.SCRIPT in boot.phases:
+            raise Refused(
+                f"{node.name}'s boot waits for no command line now (its firmware's DHCP "
+                "starts a boot that does)"
+            )
+        cmdline = await self._boot_cmdline(node)
+        return self._keep_cmdline(node.name, Cmdline.parse(cmdline).token, cmdline)
+
+    def _kept_cmdline(self, key: str) -> tuple[str, str] | None:
+        """(token, command line) handed out by TFTP under `key` less than CMDLINE_KEEP ago."""
+        kept = self._cmdlines.get(key)
+        if kept is None or time.monotonic() - kept[0] >= CMDLINE_KEEP:
+            return None
+        return kept[1], kept[2]
+
+    def _keep_cmdline(self, key: str, token: str, cmdline: str) -> str:
+        now = time.monotonic()
+        self._cmdlines[key] = (now, token, cmdline)
         self._cmdlines.move_to_end(key)
         while now - next(iter(self._cmdlines.values()))[0] >= CMDLINE_KEEP:
             self._cmdlines.popitem(last=False)
-        return text
+        return cmdline
 
     async def _boot_cmdline(self, node: Node) -> str:
         """A new boot token for `node`, and the minOS command line that carries it. In a

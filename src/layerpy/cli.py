@@ -565,10 +565,10 @@ STATE_DIR_OPTION = click.option(
 
 
 def _platform(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from layerpy.proto.platform import PATTERN
+    from layerpy.proto.platform import KNOWN
 
-    if not PATTERN.fullmatch(value):
-        raise click.BadParameter(f"{value!r} is not os/architecture[/variant]")
+    if value not in KNOWN:
+        raise click.BadParameter(f"{value!r} is none of {', '.join(sorted(KNOWN))}")
     return value
 
 

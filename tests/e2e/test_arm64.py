@@ -52,8 +52,9 @@ def arm64_busybox(into: Path) -> Path:
 BY_NETWORK = {
     "uefi-pxe": VmSpec("arm002", "52:54:00:99:00:22", "uefi-pxe", arch="arm64", memory_mb=512),
     "uefi-http": VmSpec("arm003", "52:54:00:99:00:23", "uefi-http", arch="arm64", memory_mb=512),
+    # AAVMF with Microsoft's keys enrolled and Secure Boot on; the node has secure_boot
     "uefi-pxe-signed": VmSpec(
-        "arm004", "52:54:00:99:00:24", "uefi-pxe", arch="arm64", memory_mb=512
+        "arm004", "52:54:00:99:00:24", "uefi-sb", arch="arm64", memory_mb=512
     ),
 }
 SIGNED = "uefi-pxe-signed"
@@ -148,6 +149,7 @@ def test_arm64_uefi_boots_by_the_network_to_ready(arm_lab, firmware: str) -> Non
     node = session.nodes()[spec.name]
     assert node["agent"]["platform"] == "linux/arm64/v8", node
     assert node["boot"]["firmware"] == {"uefi-http": "uefi-arm64-http"}.get(firmware, "uefi-arm64")
+    assert node["secure_boot"] is signed and node["problem"] is None, node  # as its agent said
 
     def running_arm64() -> bool:
         image = session.nodes()[spec.name]["image"]

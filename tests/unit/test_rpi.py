@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from layerpy import bundle
-from layerpy.boot import firmware_of
+from layerpy.boot import Refused, firmware_of
 from layerpy.config import ConfigError, load
 from layerpy.model import Phase
 from layerpy.proto import dhcp
@@ -223,6 +223,21 @@ def test_cmdline_carries_the_ipxe_paths_words_and_one_token_a_boot(service) -> N
     again = Cmdline.parse(fetch(service, PI_IP, "cmdline.txt").decode())
     assert again.token != words.token and policy.holds_token("pi01", again.token)
     assert not policy.holds_token("pi01", words.token)
+
+
+def test_a_cmdline_txt_read_while_no_boot_waits_is_refused(service) -> None:
+    """A forged TFTP read from the Pi's address, before any boot or once its agent runs
+    (its cmdline.txt kept no longer), issues no token and starts no boot."""
+    policy = service.booter
+    with pytest.raises(Refused):
+        fetch(service, PI_IP, "cmdline.txt")
+    assert policy.nodes.nodes["pi01"].boot is None
+    answer(service, pi_discover())
+    token = Cmdline.parse(fetch(service, PI_IP, "cmdline.txt").decode()).token
+    policy._cmdlines.clear()  # CMDLINE_KEEP seconds later
+    with pytest.raises(Refused):
+        fetch(service, PI_IP, "cmdline.txt")
+    assert policy.holds_token("pi01", token) and policy.nodes.nodes["pi01"].boots == 1
 
 
 @pytest.mark.parametrize(

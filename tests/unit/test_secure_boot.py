@@ -135,6 +135,12 @@ def test_no_ipxe_script_for_a_secure_boot_node(make_config) -> None:
 # -- GRUB's config, and what TFTP serves of the signed path -----------------------------------
 
 
+def booting(policy, *names: str) -> None:
+    """The nodes' UEFI firmware asked DHCP: their boots wait for GRUB's config."""
+    for name in names:
+        policy.nodes.saw_boot_request(policy.nodes.nodes[name], "uefi")
+
+
 def _cmdline(text: str, prefix: str) -> str:
     line = next(line for line in text.splitlines() if line.startswith(prefix))
     return line.removeprefix(prefix)
@@ -143,6 +149,7 @@ def _cmdline(text: str, prefix: str) -> str:
 def test_grub_config_carries_the_ipxe_scripts_command_line(make_config) -> None:
     config = secure_config(make_config)
     policy = local_policy(config)
+    booting(policy, "cn001", "cn002")
     grub = asyncio.run(policy.grub_config("10.99.0.11")).splitlines()
     assert grub[0] == "echo 'layerpy: booting cn001 into the minOS'"
     assert grub[2:] == ["initrd (tftp,10.99.0.1)/minos/initrd", "boot"]
@@ -155,9 +162,9 @@ def test_grub_config_carries_the_ipxe_scripts_command_line(make_config) -> None:
     )
     assert words[0] == "console=ttyS0" and "initrd=minos" not in words  # iPXE's only
     assert policy.nodes.holds_token("cn001", line.token)  # a boot token was issued for it
+    grub2 = asyncio.run(policy.grub_config("10.99.0.12")).splitlines()[1]
     script = asyncio.run(policy.script("cn002", "10.99.0.12"))
     ipxe = _cmdline(script, "kernel http://10.99.0.1:8080/minos/kernel initrd=minos ").split()
-    grub2 = asyncio.run(policy.grub_config("10.99.0.12")).splitlines()[1]
     same = [word.strip("'") for word in grub2.split()[2:]]
 
     def untokened(words: list[str]) -> list[str]:
@@ -172,10 +179,32 @@ def test_grub_words_are_quoted_for_grub() -> None:
 
 def test_the_grub_config_goes_only_to_a_node_at_its_own_address(make_config) -> None:
     policy = local_policy(secure_config(make_config))
+    booting(policy, "cn001")
     with pytest.raises(Refused):
         asyncio.run(policy.loader_file(GRUB_CONFIG, "10.99.0.99"))
     mine = asyncio.run(policy.loader_file("/" + GRUB_CONFIG, "10.99.0.11"))
     assert isinstance(mine, bytes) and b" 'layerpy.node=cn001' " in mine
+    again = asyncio.run(policy.loader_file(GRUB_CONFIG, "10.99.0.11"))
+    assert again == mine  # GRUB tests for the file, then reads it: one token a boot
+
+
+def test_a_forged_grub_config_read_issues_no_token(make_config) -> None:
+    """TFTP's source address is easily forged: a read of the GRUB config from a node's
+    address while its boot waits for none (not booting, or its script already went out)
+    is refused, and neither ends the node's token nor starts a boot."""
+    policy = local_policy(make_config())
+    node = policy.nodes.nodes["cn001"]
+    with pytest.raises(Refused, match="waits for no command line"):
+        asyncio.run(policy.grub_config("10.99.0.11"))  # never booted
+    assert node.boot is None
+    script = asyncio.run(policy.script("cn001", "10.99.0.11"))  # it boots by iPXE
+    token = Cmdline.parse(
+        _cmdline(script, "kernel http://10.99.0.1:8080/minos/kernel initrd=minos ")
+    ).token
+    boots = node.boots
+    with pytest.raises(Refused):
+        asyncio.run(policy.loader_file(GRUB_CONFIG, "10.99.0.11"))
+    assert policy.nodes.holds_token("cn001", token) and node.boots == boots
 
 
 def test_tftp_names_of_the_signed_path(make_config, tmp_path: Path) -> None:

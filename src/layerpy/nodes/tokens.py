@@ -20,7 +20,8 @@ def issue(node: Node) -> tuple[str, list[Effect]]:
     fresh = node.boot is None or Phase.SCRIPT in node.boot.phases
     token = digests.new()
     boot_id = None if fresh or node.boot is None else node.boot.boot_id
-    effects: list[Effect] = [NewBoot(node.name)] if fresh else []
+    firmware = node.boot.firmware if node.boot is not None else None  # the same machine's
+    effects: list[Effect] = [NewBoot(node.name, firmware)] if fresh else []
     return token, [
         *effects,
         Token(node.name, digests.digest(token), boot_id),

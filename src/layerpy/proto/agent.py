@@ -166,6 +166,15 @@ def _choice(enum: type[StrEnum]) -> Check:
     return check
 
 
+def _platform(value: Any, where: str) -> str:
+    """One of the platforms an agent names (platforms.KNOWN), as it names them."""
+    text = _kind(value, str, "a string", where)
+    if text not in platforms.KNOWN:
+        known = ", ".join(sorted(platforms.KNOWN))
+        raise ContractError(f"{where} must be one of {known}, not {text[:40]!r}")
+    return text
+
+
 def _record(cls: type) -> Check:
     return lambda value, where: decode(cls, value, where)
 
@@ -390,9 +399,7 @@ class Report:
     secure_boot: bool | None = _field(_optional(_boolean), None)
     # the node's OCI platform (1.3), which image of a multi-architecture index it runs; an
     # older agent sends none: it ran only on amd64
-    platform: str = _field(
-        _pattern(platforms.PATTERN, "os/architecture[/variant]"), platforms.DEFAULT
-    )
+    platform: str = _field(_platform, platforms.DEFAULT)
     protocol: str = _field(_text, PROTOCOL)
 
     @classmethod

@@ -29,12 +29,15 @@ MACHINES = {
     "s390x": "s390x",
 }
 DEFAULT_VARIANT = {"arm64": "v8"}  # an entry or a node that names none has this one
-PATTERN = re.compile(r"[a-z0-9]{1,16}/[a-z0-9_]{1,16}(/[a-z0-9]{1,8})?")
+# What a node may report: the platforms of the machines above, no other (each one a node
+# names is a table of the image catalog's, and a node must not make them without end)
+KNOWN = frozenset(f"linux/{arch}" for arch in MACHINES.values())
 
 
 def of_machine(machine: str, system: str = "linux") -> str:
     """The platform of a Linux machine from ``os.uname().machine`` (an unknown name is
-    passed on as the architecture, so the server says plainly that no image fits)."""
+    passed on as the architecture, so the server says plainly that it knows no such
+    platform)."""
     arch = MACHINES.get(machine, re.sub(r"[^a-z0-9_]", "", machine.lower())[:16] or "unknown")
     return f"{system}/{arch}"
 

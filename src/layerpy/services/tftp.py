@@ -155,7 +155,6 @@ Lookup = Callable[[str, str], Awaitable[bytes | Path | None]]
 def _open(root: Path, request: proto.Request, path: Path | None = None) -> FileContent:
     """Runs in a worker thread: the policy checks stat the disk. `path`: the file the
     booter named, else the one under `root` that the request names."""
-    proto.check_request(request)
     try:
         content = FileContent(path or proto.safe_path(root, request.filename))
     except OSError as exc:
@@ -343,9 +342,11 @@ class TftpServer:
 
     async def _content(self, request: proto.Request, address: str) -> FileContent | Rendered:
         """What the request names: a file of the booter's (its lookup), else one under the
-        root. Raises TftpError."""
+        root. Raises TftpError, for a request it cannot serve before anything is looked up
+        (a lookup may act: issue a boot token, mark a boot phase)."""
+        proto.check_request(request)
         found = None
-        if self.lookup is not None and request.opcode == proto.Opcode.RRQ:
+        if self.lookup is not None:
             try:
                 found = await self.lookup(request.filename, address)
             except Refused as why:
@@ -353,7 +354,6 @@ class TftpServer:
             except FileNotFoundError:
                 raise proto.TftpError(proto.ErrorCode.FILE_NOT_FOUND, "file not found") from None
         if isinstance(found, bytes):
-            proto.check_request(request)
             return Rendered(found)
         return await asyncio.to_thread(_open, self.root, request, found)
 
