@@ -28,7 +28,7 @@ from layerpy.logs import Throttle
 from layerpy.model import Node, Phase, RunState
 from layerpy.nodes import DISCOVERY, Ack, NodeStore, ReportRejected
 from layerpy.nodes.backend import CLIENTS, LEASES, TOKENS, Backend, Record, Unreachable
-from layerpy.proto import rpi
+from layerpy.proto import rpi, tftp
 from layerpy.proto.agent import Cmdline
 from layerpy.proto.dhcp import ANY, DISCOVER, OPT_VENDOR_CLASS, DhcpPacket, Offer
 from layerpy.proto.dhcp_server import Action, Effect, Grant
@@ -639,6 +639,9 @@ class BootPolicy:
         if kind is None:
             return no_binary
         if kind.menu is not None:
+            if secure:
+                return ("a Raspberry Pi bootloader (option 97) verifies nothing, and the node "
+                        "has secure_boot = true: it gets the signed path only")  # fmt: skip
             if self.config.rpi is None:
                 return "a Raspberry Pi bootloader (option 97): the node file has no [rpi]"
             return {"pxe_menu": kind.menu, "next_server": self.config.server.address}
@@ -733,7 +736,7 @@ class BootPolicy:
         boots as a Pi, or the unknown Pi holding that discovery pool address, when the node
         file has [rpi]; None when the request is no Pi's (the TFTP root then answers it, as
         for iPXE). FileNotFoundError: a Pi's request outside its map, or under another
-        Pi's directory."""
+        Pi's directory, or a firmware file that is none, or is outside [rpi] dir."""
         settings = self.config.rpi
         node = self.nodes.by_ip(remote) if settings is not None else None
         mac = self._discovering_pi(remote) if settings is not None and node is None else None
@@ -757,10 +760,10 @@ class BootPolicy:
             if node is not None:
                 self.nodes.mark(node, Phase.KERNEL if asked.name == rpi.KERNEL else Phase.INITRD)
             return settings.kernel if asked.name == rpi.KERNEL else settings.initrd
-        found = settings.directory.joinpath(*asked.name.split("/"))
-        if not found.is_file():
-            raise FileNotFoundError(name)
-        return found
+        try:  # a firmware file: inside the directory only, a link in it to elsewhere refused
+            return await asyncio.to_thread(tftp.safe_path, settings.directory, asked.name)
+        except tftp.TftpError:
+            raise FileNotFoundError(name) from None
 
     def _is_pi(self, node: Node) -> bool:
         """Whether a node boots as a Pi: the file gives its serial, or its boot began with

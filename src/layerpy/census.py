@@ -43,6 +43,6 @@ async def count(lifecycle: Lifecycle) -> Census:
         unsettled,
         lifecycle.engine.stats(),
         len(lifecycle.store.unknown.machines),
-        Counter(entry.state for entry in lifecycle.catalog.entries.values()),
+        Counter(entry.state for entry in lifecycle.catalog.all_entries()),  # every platform's
         secure,
     )

@@ -303,6 +303,7 @@ def test_no_value_can_add_or_split_arguments(tmp_path: Path, monkeypatch) -> Non
         b"3true",
         b"{}",
         b"pw with spaces",
+        b"unset",  # the server's own environment (other nodes' password_env) is not passed
     ]
     assert "pw with spaces" not in repr(config.nodes["pi2"])
 
@@ -310,3 +311,16 @@ def test_no_value_can_add_or_split_arguments(tmp_path: Path, monkeypatch) -> Non
 def test_make_driver_wants_the_commands() -> None:
     with pytest.raises(PowerError, match=r"^pi1: power driver command needs its commands$"):
         make_driver("pi1", PowerSpec("command"))
+
+
+def test_a_command_printing_its_password_does_not_put_it_in_the_error() -> None:
+    """`set -x`, `curl -v`: what the command printed is shown with the password taken
+    out, before it is cut to SHOWN characters (a cut could leave part of it)."""
+    secret = "s3cr3t-" + "p" * 200  # longer than what is shown: scrubbed before the cut
+    script = 'echo "+ login $LAYERPY_BMC_PASSWORD" >&2; echo "pw=$LAYERPY_BMC_PASSWORD"; exit 3'
+    pi = driver(password=secret, on=("sh", "-c", script))
+    with pytest.raises(PowerError) as raised:
+        asyncio.run(pi.on())
+    message = str(raised.value)
+    assert "exit code 3" in message and "+ login ***" in message, message
+    assert "s3cr3t" not in message

@@ -298,7 +298,8 @@ def test_parse_path(path: str, prefix: str | None, name: str) -> None:
     ("tables", "problem"),
     [
         ('\n[nodes.pi02]\nip = "10.99.0.32"\nserial = "9FFEFDEG"\n', "not a Raspberry Pi serial"),
-        ('\n[nodes.pi02]\nip = "10.99.0.32"\nserial = "10000000abcd1234"\n', "not a Raspberry"),
+        ('\n[nodes.pi02]\nip = "10.99.0.32"\nserial = "1000000abcd1234"\n', "not a Raspberry"),
+        ('\n[nodes.pi02]\nip = "10.99.0.32"\nserial = "100000009ffefdef"\n', "already used by pi01"),
         ('\n[nodes.pi02]\nip = "10.99.0.32"\nserial = "9ffefdef"\n', "already used by pi01"),
         ('\n[groups.pis]\nnodes = "p[1-2]"\nip = "10.99.0.[41-42]"\nserial = ["00000001"]\n',
          "has 1 entries for 2 nodes"),
@@ -395,3 +396,24 @@ def test_without_kernel_and_initrd_pis_boot_the_arm64_minos(pi_config) -> None:
     config = load(pi_config.path)
     assert (config.rpi.kernel, config.rpi.initrd) == config.minos.files("arm64")
     assert config.rpi.kernel.name == "vmlinuz-arm64"
+
+
+def test_a_link_in_the_firmware_directory_to_elsewhere_is_not_served(service, pi_config) -> None:
+    (pi_config.rpi.directory / "leak.dtb").symlink_to("/etc/passwd")
+    (pi_config.rpi.directory / "fine.dtb").symlink_to(pi_config.rpi.directory / "fixup4.dat")
+    with pytest.raises(FileNotFoundError):
+        fetch(service, PI_IP, f"{SERIAL}/leak.dtb")
+    assert fetch(service, PI_IP, f"{SERIAL}/fine.dtb").name == "fixup4.dat"
+
+
+def test_a_pi_of_a_secure_boot_node_gets_no_pi_path(pi_config, caplog) -> None:
+    """A Pi's bootloader checks no signature: a node with secure_boot = true is only ever
+    given the signed path, which a Pi cannot run, so it gets nothing, and the log says why."""
+    text = pi_config.path.read_text().replace(
+        'serial = "9ffefdef"\n', 'serial = "9ffefdef"\nsecure_boot = true\n'
+    )
+    pi_config.path.write_text(text)
+    secure = DhcpService(local_policy(load(pi_config.path)), SERVER, Stats(), log_requests=False)
+    with caplog.at_level("WARNING", "layerpy.dhcp"):
+        assert answer(secure, pi_discover()) is None
+    assert "verifies nothing, and the node has secure_boot = true" in caplog.text

@@ -201,7 +201,10 @@ def rpi(r: Reader, data: dict[str, Any], minos: MinosConfig | None) -> RpiConfig
 def arm64_ipxe(directory: Path) -> str | None:
     """The arm64 iPXE when the directory has Debian's (vm-lab/ipxe-arm64.sh puts it beside
     the x86 ones; layerpy.pyz carries it), else none: arm64 then gets the signed loaders."""
-    return ARM64_IPXE if (directory / ARM64_IPXE).is_file() else None
+    try:
+        return ARM64_IPXE if (directory / ARM64_IPXE).is_file() else None
+    except OSError:  # a directory name too long, say: ipxe.dir's own check says so
+        return None
 
 
 def ipxe(r: Reader, data: dict[str, Any], server: ServerConfig | None) -> IpxeConfig:

@@ -21,7 +21,7 @@ from typing import Any
 from layerpy.config import values
 from layerpy.config.reading import Getter, Reader
 from layerpy.config.records import NodeConfig
-from layerpy.power.base import POLL_TIMEOUT, CommandSpec, PowerSpec
+from layerpy.power.base import MAX_COMMAND_TIMEOUT, CommandSpec, PowerSpec
 
 OPERATIONS = ("on", "off", "cycle", "status", "boot_network")
 REQUIRED = ("on", "off", "status")
@@ -179,6 +179,9 @@ def _exit_codes(table: dict[str, Any]) -> tuple[tuple[int, str], ...]:
 
 def _timeout(value: float) -> float:
     values.positive(value)
-    if value > POLL_TIMEOUT:
-        raise ValueError(f"at most {POLL_TIMEOUT:g} s (the poller's bound on one status)")
+    if value > MAX_COMMAND_TIMEOUT:
+        raise ValueError(
+            f"at most {MAX_COMMAND_TIMEOUT:g} s (a power action runs up to three commands, "
+            "boot_network, off and on, in the 30 s the engine gives it)"
+        )
     return value

@@ -76,16 +76,19 @@ def mac(value: str) -> str:
 
 
 MAX_MAC_RANGE = 1_000_000
-_SERIAL = re.compile(r"^[0-9a-f]{8}$")
+_SERIAL = re.compile(r"^([0-9a-f]{8})?([0-9a-f]{8})$")
 
 
 def serial(value: str) -> str:
     """A Raspberry Pi's serial number as its bootloader names its TFTP directory: 8 hex
-    digits (the low 32 bits; ``10000000abcd1234`` is ``abcd1234``)."""
-    digits = value.strip().lower()
-    if not _SERIAL.match(digits):
-        raise ValueError(f"{value!r} is not a Raspberry Pi serial number like 9ffefdef")
-    return digits
+    digits, the low 32 bits of the 16 that /proc/cpuinfo shows (``10000000abcd1234`` is
+    ``abcd1234``)."""
+    found = _SERIAL.match(value.strip().lower())
+    if found is None:
+        raise ValueError(
+            f"{value!r} is not a Raspberry Pi serial number like 9ffefdef or 100000009ffefdef"
+        )
+    return found.group(2)
 
 
 def serial_list(value: list[Any]) -> list[str]:

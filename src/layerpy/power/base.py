@@ -36,9 +36,13 @@ class CommandSpec:
     status_on: str = r"(?i)^\s*on\s*$"
     status_off: str = r"(?i)^\s*off\s*$"
     status_exit: tuple[tuple[int, str], ...] = ()
-    # seconds a command may run before its process group is killed: below the 30 s the
-    # engine gives a power action, so that what is shown is this error, naming the command
-    timeout: float = 20.0
+    # seconds a command may run before its process group is killed: an action runs up to
+    # three (boot_network, off, on), all within the 30 s the engine gives a power action,
+    # so that what is shown is this error, naming the command (MAX_COMMAND_TIMEOUT)
+    timeout: float = 8.0
+
+
+MAX_COMMAND_TIMEOUT = 9.0  # 3 commands of a power action in the engine's 30 s, with room
 
 
 @dataclass(frozen=True)

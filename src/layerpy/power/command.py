@@ -25,7 +25,7 @@ import re
 import signal
 import weakref
 
-from layerpy.power.base import MAX_SESSIONS, CommandSpec, PowerError, PowerSpec
+from layerpy.power.base import MAX_SESSIONS, CommandSpec, PowerError, PowerSpec, scrub
 from layerpy.text import printable
 
 KEEP = 4096  # bytes of each stream kept; the rest is read and dropped
@@ -33,6 +33,9 @@ SHOWN = 200  # characters of output in an error message
 READ = 65536  # bytes read at a time
 AFTER_KILL = 1.0  # seconds the output is read on after a kill, until its pipes close
 PASSWORD_VARIABLE = "LAYERPY_BMC_PASSWORD"
+# What a command gets of the server's environment: no more (other nodes' password_env
+# secrets live there too), and its password as PASSWORD_VARIABLE
+PASSED_ON = ("PATH", "HOME", "LANG", "LC_ALL", "TZ")
 
 _slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
     weakref.WeakKeyDictionary()
@@ -104,7 +107,9 @@ class CommandDriver:
         """Exit code, and the first KEEP bytes of stdout and stderr, of one run of `argv`;
         a PowerError when it cannot start, times out, or (with `check`) exits non-zero."""
         out, err = bytearray(), bytearray()
-        env = None if self.password is None else {**os.environ, PASSWORD_VARIABLE: self.password}
+        env = {name: os.environ[name] for name in PASSED_ON if name in os.environ}
+        if self.password is not None:
+            env[PASSWORD_VARIABLE] = self.password
         async with _slot():
             try:
                 process = await asyncio.create_subprocess_exec(
@@ -150,11 +155,13 @@ class CommandDriver:
 
     def _failed(self, operation: str, why: str, out: bytes, err: bytes = b"") -> PowerError:
         """The error of one operation, with what the command printed (stderr first), on
-        one line."""
+        one line; the password taken out before anything is cut (a ``set -x`` or
+        ``curl -v`` prints it)."""
         program = printable(getattr(self.commands, operation)[0], 80)
         message = f"{self.node}: {operation} command {program}: {why}"
         for name, data in (("stderr", err), ("stdout", out)):
-            if text := data.decode(errors="backslashreplace").strip():
+            text = scrub(data.decode(errors="backslashreplace"), self.password).strip()
+            if text:
                 message += f"; {name}: {printable(text, SHOWN)}"
         return PowerError(message)
 
