@@ -97,6 +97,7 @@ FIRMWARE = {
 GRUB_CONFIG = "grub/grub.cfg"
 # The minOS's files by name (TFTP for GRUB, HTTP for iPXE): the x86-64 one under minos/,
 # the others under minos/<arch>/.
+PI_FILES = {rpi.KERNEL: Phase.KERNEL, rpi.INITRD: Phase.INITRD}  # config.txt names them
 MINOS_FILES = {
     f"{minos_dir(arch)}/{phase.value}": (arch, phase)
     for arch in MINOS_ARCHES
@@ -152,9 +153,13 @@ class SignedOnly(Exception):
 
 
 def phase_of(name: str) -> Phase:
-    """The boot phase a file fetched by TFTP is: the minOS's kernel or initrd, else TFTP."""
+    """The boot phase a file fetched by TFTP is: the minOS's kernel or initrd (by its
+    name for GRUB, or a Pi's), else TFTP."""
     arch_phase = MINOS_FILES.get(name.lstrip("/"))
-    return Phase.TFTP if arch_phase is None else arch_phase[1]
+    if arch_phase is not None:
+        return arch_phase[1]
+    asked = rpi.parse_path(name)
+    return PI_FILES.get(asked.name, Phase.TFTP) if asked is not None else Phase.TFTP
 
 
 def grub_words(cmdline: str) -> str:
@@ -756,9 +761,7 @@ class BootPolicy:
             return rpi.config_txt(node.name if node else DISCOVERY, settings.config).encode()
         if asked.name == rpi.CMDLINE:
             return await self._pi_cmdline(node, mac or "")
-        if asked.name in (rpi.KERNEL, rpi.INITRD):
-            if node is not None:
-                self.nodes.mark(node, Phase.KERNEL if asked.name == rpi.KERNEL else Phase.INITRD)
+        if asked.name in PI_FILES:  # marked once sent, as every file (phase_of)
             return settings.kernel if asked.name == rpi.KERNEL else settings.initrd
         try:  # a firmware file: inside the directory only, a link in it to elsewhere refused
             return await asyncio.to_thread(tftp.safe_path, settings.directory, asked.name)

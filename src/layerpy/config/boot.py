@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import grp
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,15 +117,24 @@ def network(r: Reader, data: dict[str, Any]) -> NetworkConfig | None:
     )
 
 
+def existing(r: Reader, hint: str) -> Callable[[str], Path]:
+    """A path key's converter: the path (relative to the file) of a file that must be
+    there; `hint` says how to make it."""
+
+    def convert(value: str) -> Path:
+        path = r.path(value)
+        if why := missing(path):
+            raise ValueError(f"{path} {why} ({hint})")
+        return path
+
+    return convert
+
+
 def minos(r: Reader, data: dict[str, Any]) -> MinosConfig | None:
     """The minOS every node boots, and the arm64 one (``[minos.arm64]``) arm64 firmware
     gets; their files must be built already. Named files, else the bundled ones."""
 
-    def built(value: str) -> Path:
-        path = r.path(value)
-        if why := missing(path):
-            raise ValueError(f"{path} {why} (build the minOS with minos/build.sh)")
-        return path
+    built = existing(r, "build the minOS with minos/build.sh")
 
     def files(table: dict[str, Any], prefix: str) -> tuple[Path, Path] | None:
         get = r.getter(table, prefix)
@@ -162,11 +172,7 @@ def rpi(r: Reader, data: dict[str, Any], minos: MinosConfig | None) -> RpiConfig
     if "rpi" not in data:
         return None
 
-    def present(value: str) -> Path:
-        path = r.path(value)
-        if why := missing(path):
-            raise ValueError(f"{path} {why} (build the arm64 minOS: minos/build.sh --arch arm64)")
-        return path
+    present = existing(r, "build the arm64 minOS: minos/build.sh --arch arm64")
 
     def firmware(value: str) -> Path:
         path = r.path(value)
