@@ -10,8 +10,9 @@ hello and first report). Paths, by the firmware the VM runs:
 - OVMF with Secure Boot on and Microsoft's keys (Debian's signed shim, signed GRUB and
   signed kernel: the node has ``secure_boot = true``);
 - arm64 (QEMU ``virt``, cortex-a72, AAVMF): UEFI PXE and UEFI HTTP boot (Debian 13's
-  ``ipxe-arm64.efi``), UEFI PXE through Debian's signed shim and GRUB (a ``secure_boot``
-  node), and QEMU loading the arm64 minOS itself (no loader: the floor of the arm64 rows).
+  ``ipxe-arm64.efi``), Secure Boot on (AAVMF with Microsoft's keys) through Debian's signed
+  shim and GRUB (a ``secure_boot`` node), and QEMU loading the arm64 minOS itself (no
+  loader: the floor of the arm64 rows).
 
 The Raspberry Pi path is not here: its bootloader is played packet by packet
 (tests/e2e/test_rpi_minos.py prints its times). The times are QEMU's start to the server's
@@ -73,8 +74,8 @@ def paths() -> list[BootPath]:
         ),
         BootPath(
             "pasign",
-            "arm64 UEFI PXE -> shim -> GRUB (secure_boot; AAVMF has it off)",
-            vm("pasign", 0x49, "uefi-pxe", "arm64"),
+            "arm64 Secure Boot (AAVMF): shim -> GRUB -> signed kernel",
+            vm("pasign", 0x49, "uefi-sb", "arm64"),
             secure_boot=True,
         ),
         BootPath(
