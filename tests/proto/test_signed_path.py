@@ -52,12 +52,18 @@ def test_the_signed_path_by_tftp(secure: Host, tmp_path: Path) -> None:
     # another machine gets no GRUB config, and cn002's is cn002's
     code, _ = tftp(secure, "grub/grub.cfg", "10.66.0.99")
     assert code != 0
+    # cn002's config only once its boot waits for one (its firmware fetched its loader):
+    # before, a read from its address, forged or not, gets nothing and changes nothing
+    assert tftp(secure, "grub/grub.cfg", "10.66.0.12")[0] != 0
+    assert tftp(secure, "shimx64.efi", "10.66.0.12")[0] == 0
     assert b"'layerpy.node=cn002'" in tftp(secure, "grub/grub.cfg", "10.66.0.12")[1]
     # no iPXE script for a node that boots signed only
     code, body = curl(secure, f"{BASE}/boot/cn001.ipxe", source="10.66.0.11")
     assert code == 403 and "signed path only" in body
     # the token GRUB handed the kernel is the boot's; its agent reports Secure Boot off
     assert report(secure, token=token, secure_boot=False)[0] == 200
+    # a read from its address now, forged or not, hands out no new token: the agent's holds
+    assert tftp(secure, "grub/grub.cfg", "10.66.0.11")[1] in (b"", grub)
     node = json.loads(api(secure, "/api/v1/nodes/cn001")[1])
     assert node["secure_boot"] is False and node["problem"] == SECURE_BOOT_OFF
     assert {"kernel", "initrd", "agent_hello"} <= set(node["timeline"])

@@ -362,7 +362,9 @@ def test_heartbeat_from_response_is_honoured(server, agents, tmp_path) -> None:
     assert [r["seq"] for r in reports[:5]] == [1, 2, 3, 4, 5]
     assert [r["event"] for r in reports[:5]] == ["hello"] + ["heartbeat"] * 4
     gaps = [b - a for a, b in zip(server.times[1:5], server.times[2:6], strict=False)]
-    assert all(0.15 < g < 2.5 for g in gaps), gaps  # the answer's 0.2 s, not the cmdline's 5 s
+    # the answer's 0.2 s, not the cmdline's 5 s (no lower bound: on a busy machine one late
+    # report shortens the gap after it)
+    assert all(g < 2.5 for g in gaps), gaps
     agents[0].wait_log("heartbeat is now 0.2 s (from server)")
 
 
