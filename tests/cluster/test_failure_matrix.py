@@ -167,9 +167,14 @@ def test_owner_killed_during_a_roll_another_takes_over_and_the_roll_completes(ri
             f"the roll was over before the kill: {states}"
         )
         for node in rig.nodes:
-            wait_for(lambda node=node: rig.image_state(node, survivor) == ("two", "active"), 120,
-                     f"{node.name} running image two", node.agent_log, survivor.log,
-                     seen=lambda node=node: rig.image_state(node, survivor))  # fmt: skip
+            # the agent's own word first: the API names the image the file wants beside the
+            # state the agent last reported, "active" still for image one until it reports
+            wait_for(lambda node=node: " active in " in roll_step(node, "two"), 120,
+                     f"{node.name}'s agent starting image two", node.agent_log,
+                     survivor.log)  # fmt: skip
+            wait_for(lambda node=node: rig.image_state(node, survivor) == ("two", "active"), 60,
+                     f"{node.name} running image two, as {survivor.name} has it", node.agent_log,
+                     survivor.log, seen=lambda node=node: rig.image_state(node, survivor))  # fmt: skip
         print(f"measured: roll complete {time.monotonic() - killed:.1f} s after the kill")
     finally:
         for node in rig.nodes:

@@ -230,8 +230,14 @@ class Rig:
                 proc.terminate()
             out, err = proc.communicate(timeout=WAIT)
             said = (out + err).decode(errors="replace")[-3000:]
+            # a connection the BMC made that the serial line never took: still queued on
+            # the listener (Recv-Q), or taken by another thread of this process
+            queued = subprocess.run(["ss", "-xlp", "src", str(self.serial.path)],
+                                    capture_output=True, text=True).stdout  # fmt: skip
+            threads = sorted(thread.name for thread in threading.enumerate())
             raise AssertionError(f"{error}\nthe child (exit {proc.returncode}) said:\n{said}\n"
-                                 f"the BMC's log:\n{self.bmc_log()[-3000:]}") from None  # fmt: skip
+                                 f"the BMC's log:\n{self.bmc_log()[-3000:]}\nthe serial "
+                                 f"line's listener:\n{queued}threads: {threads}") from None  # fmt: skip
 
     def wait_log(self, pattern: str) -> None:
         """Until the BMC's log matches `pattern`."""
