@@ -102,6 +102,10 @@ def exercise() -> None:
         answer = contract.Answer(node="n1", identity=contract.Identity("n2", "t"))
         agent._read_answer(contract.encode(answer))
         agent._read_answer({"protocol": "9.0"})
+        offer = contract.BeatOffer(1, "00" * 16)  # a datagram beat to 127.0.0.1:1: no reply
+        agent._read_answer(contract.encode(contract.Answer(node="n1", beat=offer)))
+        agent._answered_by = agent.servers.current
+        assert not agent._beat()
         exercise_runner(tmp)
     finally:
         shutil.rmtree(tmp)

@@ -63,6 +63,9 @@ class Catalog:
         self.platforms: dict[str, dict[str, Entry]] = {DEFAULT: {}}  # platform -> name -> entry
         self._images: dict[str, ImageConfig] = {}
         self._pulls: set[asyncio.Task[None]] = set()
+        # (name, digest, base URL) -> the entry it was made from and the spec: one object
+        # per image, however many reports ask (an agent's answer compares it, `Beats`)
+        self._specs: dict[tuple[str, str, str], tuple[Entry, ImageSpec]] = {}
 
     @property
     def entries(self) -> dict[str, Entry]:
@@ -154,13 +157,16 @@ class Catalog:
 
     def spec(self, name: str, digest: str, base_url: str) -> ImageSpec | None:
         """What the agent is told to run."""
-        image = self.store.get(digest)
         entry = self.entries.get(name)
+        made = self._specs.get((name, digest, base_url))
+        if made is not None and made[0] is entry:
+            return made[1]
+        image = self.store.get(digest)
         if image is None or entry is None:
             return None
         squashfs = image.squashfs is not None
         fmt = "squashfs" if squashfs else "tar"
-        return ImageSpec(
+        spec = ImageSpec(
             name=name,
             digest=digest,
             url=f"{base_url}/images/{digest}/rootfs.{fmt}",
@@ -172,6 +178,8 @@ class Catalog:
             command=entry.config.command,
             persist=entry.config.persist,
         )
+        self._specs[(name, digest, base_url)] = (entry, spec)
+        return spec
 
 
 def _for(platform: str) -> str:

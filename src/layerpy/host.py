@@ -169,6 +169,8 @@ def host_problems(config: Config) -> list[str]:
             wanted.append(("ProxyDHCP", socket.SOCK_DGRAM, 4011, "", interface))
     wanted.append(("TFTP", socket.SOCK_DGRAM, server.tftp_port, address, interface))
     wanted.append(("HTTP", socket.SOCK_STREAM, server.http_port, address, ""))
+    if server.beat_port:
+        wanted.append(("heartbeat", socket.SOCK_DGRAM, server.beat_port, address, ""))
     wanted += [("the API", socket.SOCK_STREAM, p, str(a), "") for a, p in config.api.listen]
     found = (port_problem(s, k, p, address=a, interface=i) for s, k, p, a, i in wanted)
     return [problem for problem in found if problem is not None]

@@ -40,6 +40,7 @@ from layerpy.notify import notify, reloading
 from layerpy.power.base import PowerSpec
 from layerpy.services import listeners
 from layerpy.services.api import build_api
+from layerpy.services.beats import BEAT_TAKEN, BeatListener, Beats
 from layerpy.services.dhcp import Neighbours, start_dhcp
 from layerpy.services.http import build_app
 from layerpy.services.tftp import TftpBudget, accounting, start_tftp
@@ -75,6 +76,13 @@ class Server:
                                    self.stats, fence)  # fmt: skip
         self.policy = BootPolicy(self.nodes, backend,
                                  pool_gate=cluster.holds_pool if cluster else None)  # fmt: skip
+        self.beats = Beats(
+            config.server.beat_port,
+            self.nodes.nodes,
+            lambda name: (self.lifecycle.answer_basis(name), self.policy.servers_of(name)),
+            self.nodes.beat,
+            lambda outcome: self.stats.count("beat", outcome, ok=outcome in BEAT_TAKEN),
+        )
         if cluster is not None:
             self._attach(cluster)
         self.stats.watch_nodes(functools.partial(census.count, self.lifecycle))
@@ -348,13 +356,16 @@ class Server:
     async def _boot_http(self, plan: budget.Plan) -> None:
         server = self.config.server
         admission = self._admission("boot HTTP", plan, boot=True)
-        app = build_app(self.policy, self.stats, self.lifecycle, self.catalog,
+        beats = self.beats if server.beat_port else None
+        app = build_app(self.policy, self.stats, self.lifecycle, self.catalog, beats=beats,
                         log_requests=server.log_requests)  # fmt: skip
         runner = await self._serve_app(app)
         await listeners.AdmittedSite(
             runner, str(server.address), server.http_port, admission, service="HTTP"
         ).start()
         log.info("http for the boot network on %s", server.url)
+        if beats is not None:
+            self._closers.append(BeatListener(beats, str(server.address)))
 
     async def _operator_api(self, plan: budget.Plan) -> None:
         """The Unix socket and the TCP listeners for operators (a budget of their own,

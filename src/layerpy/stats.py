@@ -72,7 +72,7 @@ class Family:
     its bytes summed); a kind only counted by ``count`` is an outcome (``counted``)."""
 
     what: str  # for HELP, plural: "DHCP requests"
-    seconds: str  # the histogram
+    seconds: str | None  # the histogram; None: outcomes only counted (too many to time)
     buckets: tuple[float, ...]
     labels: tuple[str, ...] = ()  # what a timed kind is split into (at its last space)
     requests: str | None = None  # a counter; None: the histogram alone (the loop's lag)
@@ -148,6 +148,21 @@ FAMILIES = {
             "wrong ones (guessing), console WebSockets from another site (cross_origin), "
             "and event streams dropped for falling behind (slow_reader).",
             ("refused", "shed", "malformed", "stalled", "guessing", "cross_origin", "slow_reader"),
+        ),
+    ),
+    "beat": Family(
+        "datagram heartbeats",
+        None,
+        (),
+        counted=Counted(
+            "layerpy_beats",
+            "outcome",
+            "What became of heartbeat datagrams: taken (ok), answered with a request for a "
+            "full report (report: something changed), or dropped as malformed, of a node "
+            "without a beat key here (unknown: after a restart, or at another instance), "
+            "not signed with its key (forged), no newer than the last taken (replayed), or "
+            "a reply the kernel refused (dropped).",
+            ("ok", "report", "malformed", "unknown", "forged", "replayed", "dropped"),
         ),
     ),
     "bmc": Family(
@@ -273,8 +288,8 @@ class Stats:
             by_subsystem[subsystem].append((kind, series))
         for subsystem, family in FAMILIES.items():
             kinds = by_subsystem.get(subsystem, [])
-            timed = [(k, s) for k, s in kinds if s.samples]
-            yield from _timed(family, timed)
+            if family.seconds is not None:
+                yield from _timed(family, [(k, s) for k, s in kinds if s.samples])
             if family.counted is not None:
                 spec = family.counted
                 values = dict.fromkeys(spec.known, 0)

@@ -29,6 +29,7 @@ from layerpy.agent import firmware, lldp
 from layerpy.agent.container import NODE_DIR, Runner
 from layerpy.agent.net import Nic, pick_interface, source_address
 from layerpy.agent.servers import Servers
+from layerpy.proto import beat
 from layerpy.proto.agent import (
     REPORT_PATH,
     Answer,
@@ -58,6 +59,8 @@ BUSY = os.path.join(NODE_DIR, "busy")  # /run/layerpy/busy in the container
 HTTP_TIMEOUT = 5.0
 CONFIG_RETRY = 30.0
 SPREAD = 0.1  # heartbeats vary by this fraction either way
+BEAT_WAIT = 2.0  # seconds to wait for the reply to a heartbeat datagram
+BEAT_MISSES = 3  # unanswered datagrams in a row before this boot's beats go by HTTP only
 PLATFORM = of_machine(os.uname().machine)  # which image of a multi-architecture index runs here
 
 
@@ -207,6 +210,8 @@ class Agent:
         self.nic: Nic | None = None
         self.sent: dict[str, object] = {}  # observations in the last accepted report
         self.answer: Answer | None = None  # the last one the server sent
+        self._answered_by = ""  # the server that sent it (its beat offer is for that one)
+        self._beat_misses = 0  # datagrams unanswered in a row, under the offered key
         self._failing = ""  # kind of the current failure streak, "" while all is well
         self._answer_problem = ""  # the last answer that broke the contract, said once
         self._since = 0.0
@@ -329,12 +334,16 @@ class Agent:
             event = Event.CHANGE
         else:
             event = Event.HEARTBEAT
+            if self._beat():
+                self._save_state()
+                return Outcome("ok")
         self.seq += 1
         server = self.servers.current
         out = post_json(server + REPORT_PATH, encode(self.body(obs, event)), self.timeout)
         if out.kind == "ok":
             self.sent = obs
             answer = self._read_answer(out.body)
+            self._answered_by = server
             if event == Event.HELLO:
                 self.hello_done = True
                 self.log(
@@ -350,6 +359,39 @@ class Agent:
         self._save_state()
         return out
 
+    def _beat(self) -> bool:
+        """An unchanged heartbeat as one datagram to the server that offered it (protocol
+        1.4, ``layerpy.proto.beat``): True when the server took it; False when the report
+        goes by HTTP (no offer, no reply, or the server wants a full report)."""
+        offer = self.answer.beat if self.answer is not None else None
+        server = self.servers.current
+        if offer is None or server != self._answered_by or self._beat_misses >= BEAT_MISSES:
+            return False
+        key = bytes.fromhex(offer.key)
+        self.seq += 1
+        verdict = None
+        try:
+            host = urllib.parse.urlsplit(server).hostname or ""
+            found = socket.getaddrinfo(host, offer.port, 0, socket.SOCK_DGRAM)
+            family, kind, _, _, address = found[0]
+            with socket.socket(family, kind) as sock:
+                sock.connect(address)  # replies from elsewhere never reach this socket
+                sock.send(beat.beat(key, self.cfg.node, self.seq, uptime()))
+                deadline = time.monotonic() + BEAT_WAIT
+                while verdict is None and (left := deadline - time.monotonic()) > 0:
+                    sock.settimeout(left)
+                    verdict = beat.read_reply(key, self.seq, sock.recv(64))
+        except OSError:  # no reply in time, or no route: the report goes by HTTP
+            pass
+        if verdict is None:
+            self._beat_misses += 1
+            if self._beat_misses == BEAT_MISSES:
+                self.log(f"heartbeat datagrams to {server} (udp {offer.port}) unanswered: "
+                         "reporting every heartbeat over HTTP")  # fmt: skip
+            return False
+        self._beat_misses = 0
+        return verdict == beat.Verdict.OK
+
     def _read_answer(self, body: object) -> Answer | None:
         """Apply the server's answer; one that breaks the contract is said once, ignored."""
         try:
@@ -363,6 +405,8 @@ class Agent:
             self._answer_problem = problem
             return None
         self._answer_problem = ""
+        if answer.beat != (self.answer.beat if self.answer is not None else None):
+            self._beat_misses = 0  # a new key (a restarted or another server): try again
         self.answer = answer
         if answer.heartbeat != self.heartbeat:
             self.log(f"heartbeat is now {answer.heartbeat:g} s (from server)")

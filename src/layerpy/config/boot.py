@@ -49,6 +49,7 @@ def server(r: Reader, data: dict[str, Any], network: NetworkConfig | None) -> Se
         "other_dhcp",
         "dhcp_probe",
         "send_timeout",
+        "beat_port",
     }
     table = r.table(data, "server", keys)
     get = r.getter(table, "server")
@@ -67,10 +68,11 @@ def server(r: Reader, data: dict[str, Any], network: NetworkConfig | None) -> Se
         r.problem("server.address", f"{address} is outside network.subnet {network.subnet}")
     if address is None:
         return None
+    http_port = get("http_port", int, values.port, default=8080)
     return ServerConfig(
         address=address,
         interface=interface,
-        http_port=get("http_port", int, values.port, default=8080),
+        http_port=http_port,
         tftp_port=get("tftp_port", int, values.port, default=69),
         dhcp=dhcp or "authoritative",
         state_dir=r.path(get("state_dir", str, default="/var/lib/layerpy")),
@@ -84,6 +86,7 @@ def server(r: Reader, data: dict[str, Any], network: NetworkConfig | None) -> Se
         other_dhcp=get("other_dhcp", str, values.choice(OTHER_DHCP), default="refuse"),
         dhcp_probe=float(get("dhcp_probe", (int, float), values.not_negative, default=4.0)),
         send_timeout=float(get("send_timeout", (int, float), values.positive, default=60.0)),
+        beat_port=get("beat_port", int, values.port_or_off, default=http_port),
     )
 
 

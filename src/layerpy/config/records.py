@@ -82,6 +82,7 @@ class ServerConfig:
     other_dhcp: str = "refuse"
     dhcp_probe: float = 4.0  # seconds to listen for other DHCP servers (0: never look)
     send_timeout: float = 60.0  # seconds a file transfer may find no room to send (nginx's)
+    beat_port: int = 8080  # UDP port of datagram heartbeats (by default http_port's); 0: off
 
     @property
     def url(self) -> str:

@@ -192,6 +192,11 @@ def port(value: int) -> int:
     return value
 
 
+def port_or_off(value: int) -> int:
+    """A port number, or 0 for a service turned off."""
+    return value if value == 0 else port(value)
+
+
 def positive(value: float) -> float:
     if _finite(value) <= 0:
         raise ValueError(f"{value} must be greater than zero")

@@ -72,6 +72,9 @@ class ImageStore:
         for path in (root / "blobs" / "sha256", root / "sha256", self.tmp):
             path.mkdir(parents=True, exist_ok=True)
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        # an image's folder is complete before it is renamed into place, and never changes
+        # after: read once, not once per agent report (that cost 9 % of a heartbeat)
+        self._read: dict[str, Image] = {}
 
     async def pull(
         self,
@@ -102,15 +105,18 @@ class ImageStore:
         return image
 
     def get(self, digest: str) -> Image | None:
-        if not is_digest(digest):
-            return None
+        image = self._read.get(digest)
+        if image is not None or not is_digest(digest):
+            return image
         folder = self.root / "sha256" / digest.removeprefix("sha256:")
         try:
             meta = json.loads((folder / META).read_text())
         except FileNotFoundError:
             return None
         squashfs = folder / SQUASHFS if meta["squashfs"] else None
-        return Image(**{**meta, "rootfs": folder / ROOTFS, "squashfs": squashfs})
+        image = Image(**{**meta, "rootfs": folder / ROOTFS, "squashfs": squashfs})
+        self._read[digest] = image
+        return image
 
     def list(self) -> list[Image]:
         found = (self.get("sha256:" + folder.name) for folder in (self.root / "sha256").iterdir())

@@ -264,6 +264,13 @@ class Lifecycle:
                           error)  # fmt: skip
             return None
 
+    def answer_basis(self, name: str) -> tuple[object, ...]:
+        """What the node's answer is made of (its image and files, each made once and kept;
+        its own part of the node file): a beat compares it with what the node was last told
+        (``services.beats``), so a reload that changes nothing of the node's answer costs
+        no full report of it."""
+        return (self.store.config.nodes[name], self.image_spec(name), self.files_spec(name))
+
     def file_content(self, name: str, digest: str) -> bytes | None:
         """The bytes of one of the node's files, by digest; None when it has no such file."""
         spec = self.files_spec(name)

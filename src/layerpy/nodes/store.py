@@ -466,6 +466,12 @@ class NodeStore:
             raise outcome
         return outcome
 
+    def beat(self, name: str, seq: int, uptime: float) -> None:
+        """A heartbeat that changes nothing (a datagram beat, ``services.beats``): recorded
+        as a heartbeat report that changes nothing is."""
+        agent = self.nodes[name].agent | {"uptime": uptime, "seq": seq}
+        self.apply([Observe(name, {"last_report": self.clock(), "agent": agent}, quiet=True)])
+
     # -- power, the console, and the engine's own conclusions ----------------------------
 
     def saw_power(self, name: str, state: PowerState | None, error: str | None = None) -> None:

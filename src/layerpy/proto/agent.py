@@ -21,11 +21,12 @@ from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
+from layerpy.proto import beat
 from layerpy.proto import platform as platforms
 
 # 1.1: files and persistent paths; 1.2: the answer's servers; 1.3: the report's platform and
-# secure_boot
-PROTOCOL = "1.3"
+# secure_boot; 1.4: the answer's beat (datagram heartbeats, layerpy.proto.beat)
+PROTOCOL = "1.4"
 REPORT_PATH = "/api/v1/agent/report"
 FILES_PATH = "/api/v1/agent/files/"  # + a file's digest: one of the node's own files
 HEARTBEAT = 5.0  # seconds between reports unless the node file says otherwise
@@ -454,6 +455,29 @@ class Identity:
     token: str = _field(_token)
 
 
+def _port(value: Any, where: str) -> int:
+    port = _integer(value, where)
+    if not 0 < port < 65536:
+        raise ContractError(f"{where} is not a port: {port}")
+    return port
+
+
+def _beat_key(value: Any, where: str) -> str:
+    """A beat key; never echoed in the error."""
+    if not beat.is_key(value):
+        raise ContractError(f"{where} is not a beat key (32 hex digits)")
+    return value
+
+
+@dataclass(frozen=True)
+class BeatOffer:
+    """Where and how the agent may send unchanged heartbeats as datagrams (1.4): the UDP
+    port on its server's host, and this boot's key to sign them with."""
+
+    port: int = _field(_port)
+    key: str = _field(_beat_key)
+
+
 @dataclass(frozen=True)
 class Answer:
     """The server's reply to a report: the desired state for the agent."""
@@ -466,6 +490,8 @@ class Answer:
     # every instance serving the node's segment (1.2): who the agent moves to when its own
     # stops answering; None: no word, keep the list it has
     servers: tuple[str, ...] | None = _field(_optional(_servers), None)
+    # datagram heartbeats (1.4); None: report every beat over HTTP
+    beat: BeatOffer | None = _field(_optional(_record(BeatOffer)), None)
     protocol: str = _field(_text, PROTOCOL)
 
     @classmethod

@@ -24,6 +24,7 @@ from layerpy.catalog import Catalog
 from layerpy.logs import Throttle
 from layerpy.model import Phase
 from layerpy.nodes import DISCOVERY, ReportRejected
+from layerpy.proto import beat
 from layerpy.proto.agent import (
     FILES_PATH,
     REPORT_PATH,
@@ -34,6 +35,7 @@ from layerpy.proto.agent import (
     encode,
     parse_node_authorization,
 )
+from layerpy.services.beats import Beats
 from layerpy.stats import Stats
 from layerpy.text import printable
 
@@ -56,6 +58,7 @@ class PowerControl(Protocol):
     def image_spec(self, name: str) -> ImageSpec | None: ...
     def files_spec(self, name: str) -> FilesSpec | None: ...
     def file_content(self, name: str, digest: str) -> bytes | None: ...
+    def answer_basis(self, name: str) -> tuple[object, ...]: ...
 
 
 BOOTER: web.AppKey[Booter] = web.AppKey("booter")
@@ -64,6 +67,7 @@ LOG_REQUESTS: web.AppKey[bool] = web.AppKey("log_requests", bool)
 TURNS: web.AppKey[asyncio.Semaphore] = web.AppKey("turns", asyncio.Semaphore)
 POWER: web.AppKey[PowerControl] = web.AppKey("power")
 CATALOG: web.AppKey[Catalog] = web.AppKey("catalog", Catalog)
+BEATS: web.AppKey[Beats | None] = web.AppKey("beats")
 OPERATOR = "operator"  # request key: the authenticated operator (operator listeners only)
 TRANSFERS = 64  # files sent at once; the others wait their turn (a storm queues, not fails)
 CHUNK = 256 * 1024  # bytes read at a time where sendfile cannot go (TLS)
@@ -94,11 +98,13 @@ def build_app(
     power: PowerControl,
     catalog: Catalog,
     *,
+    beats: Beats | None = None,
     log_requests: bool = False,
 ) -> web.Application:
-    """The boot network's app."""
+    """The boot network's app; `beats` hands out beat keys (None: no datagram beats)."""
     app = web.Application(middlewares=[profile], client_max_size=1024 * 1024)
     share(app, booter, stats, power, catalog, log_requests)
+    app[BEATS] = beats
     app.add_routes(
         [
             web.get("/boot/{name}.ipxe", boot_script),
@@ -215,7 +221,11 @@ async def agent_report(request: web.Request) -> web.Response:
         answer = Answer(ack.node, heartbeat, identity=ack.identity, servers=servers)
     else:
         image, files = power.image_spec(ack.node), power.files_spec(ack.node)
-        answer = Answer(ack.node, heartbeat, image, files, ack.identity, servers)
+        beats = request.app[BEATS]
+        offer = None
+        if beats is not None and ack.identity is None and beat.speaks(payload["protocol"]):
+            offer = beats.offer(ack.node, payload["seq"])
+        answer = Answer(ack.node, heartbeat, image, files, ack.identity, servers, offer)
     return web.json_response(encode(answer))
 
 
