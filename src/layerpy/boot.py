@@ -424,6 +424,28 @@ class BootPolicy:
         return Verdict(mac, firmware, vendor, node, location, boot_request, grant, why,
                        xid=request.xid)  # fmt: skip
 
+    @property
+    def solo(self) -> bool:
+        """One server: no cluster's pool to keep in etcd or to leave to its holder."""
+        return not self._shared and self.pool_gate is None
+
+    def lasting(self, verdict: Verdict) -> bool:
+        """Whether this verdict's grant is what every request of the same shape from the
+        same machine (a pool grant: from any machine no node claims, but for the address)
+        is granted until the node file changes, so that an answer may be prepared from it
+        (services/dhcp_fast.py). Not a signed loader's, whose files are looked for on disk
+        each time, nor an iPXE's discovery script, named by the machine's MAC, nor a grant
+        that depends on where a relay says the machine is."""
+        grant, firmware = verdict.grant, verdict.firmware
+        if grant is None or verdict.unbootable or verdict.untrusted or verdict.location:
+            return False
+        if grant.pooled:
+            return firmware not in (IPXE, IPXE_ARM64)
+        node, kind = verdict.node, FIRMWARE.get(firmware)
+        if node is None or kind is None or not kind.binary:  # an OS, iPXE, a Pi: no loader
+            return node is not None
+        return not node.config.secure_boot and getattr(self.config.ipxe, kind.binary) is not None
+
     def _pi(self, request: DhcpPacket, node: Node | None, firmware: str) -> tuple[Node | None, str]:
         """A Raspberry Pi bootloader is known by its serial (option 97) where its MAC is not
         in the file; one that sends the old GUID (the serial four times, which anything

@@ -1,0 +1,236 @@
+"""DHCP's fast path: the common requests answered from prepared replies and O(1) tables.
+
+The reference path (``DhcpService.handle``: decode, policy's verdict, the RFC core, apply,
+encode) answers every request it is given, and stays the one that decides: this path only
+repeats what it did. Each OFFER or ACK the reference path gives a known node, or a client
+of the discovery pool, is kept as a template (``proto/prepared.py``) under the request's
+shape, the sender (for a relayed request) and, for a node, its MAC. A later DISCOVER or
+REQUEST of the same shape is then scanned, not decoded; its answer is the template with the
+client's own values patched in, and the same effects go through the same
+``BootPolicy.apply`` before it is sent (a lease is journalled before the answer that
+promises it). Anything else (another message type, a NAK, a withdrawal, an address the
+client may not have, a relay's option 82, a shape not seen yet) is the reference path's.
+``tests/unit/test_dhcp_fast.py`` feeds both paths the same requests and requires the same
+bytes and the same effects.
+
+What a template depends on is the node file (all of them are forgotten when it changes),
+the machine's node (checked each time: a MAC may be bound to another), and for the pool
+the lease table, asked each time. One server only: a cluster's pool is kept in etcd
+before an answer, which the reference path does.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from ipaddress import IPv4Address
+from socket import inet_ntoa
+from typing import TYPE_CHECKING
+
+from layerpy.boot import BootPolicy, Verdict
+from layerpy.model import Node
+from layerpy.proto.dhcp import (
+    ACK,
+    CLIENT_PORT,
+    DISCOVER,
+    OFFER,
+    REQUEST,
+    SERVER_PORT,
+    DhcpPacket,
+    encode,
+)
+from layerpy.proto.dhcp_server import Action, Decision, Effect, Grant
+from layerpy.proto.prepared import NOWHERE, Scan, Template, scan
+
+if TYPE_CHECKING:
+    from layerpy.services.dhcp import DhcpService
+
+SHAPES = 1024
+"""Pool templates kept at most (one per shape and relay: a few per kind of firmware)."""
+PER_NODE = 4
+"""Templates kept per node of the file on average (firmware, iPXE, the OS), before all
+are forgotten and made again: a flood of odd shapes costs memory in proportion to the file."""
+BROADCAST = ("255.255.255.255", CLIENT_PORT)
+_ANSWER = {OFFER: "offer", ACK: "ack"}
+_NAMES = {DISCOVER: "discover", REQUEST: "request"}
+
+
+@dataclass(frozen=True, slots=True)
+class Known:
+    """A known node's prepared answer to one shape of request."""
+
+    node: Node
+    template: Template
+    firmware: str
+    vendor: str | None
+    grant: Grant
+    why: str
+    boots: bool  # its DISCOVER is a boot request (boot firmware, not an OS)
+    offered: tuple[Effect, ...]
+    acked: tuple[Effect, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Pooled:
+    """The discovery pool's prepared answer to one shape of request, but for the address."""
+
+    template: Template
+    firmware: str
+    vendor: str | None
+    grant: Grant  # the grant it was made from (another client's address)
+    why: str
+
+
+class FastPath:
+    """Prepared answers of one DHCP service (authoritative, one server)."""
+
+    def __init__(self, service: DhcpService, policy: BootPolicy) -> None:
+        self.service, self.policy = service, policy
+        self._config: object = None  # the node file the templates were made from
+        self._known: dict[tuple[bytes, str, str], Known] = {}  # (shape, relay, MAC)
+        self._pooled: dict[tuple[bytes, str], Pooled] = {}  # (shape, relay)
+        self._server = b""  # our server identifier, packed
+        self._mask = self._network = 0  # the subnet, as ints
+
+    def _follow(self) -> None:
+        """Forget every template when the node file changed (a reload)."""
+        config = self.policy.config
+        if config is self._config:
+            return
+        self._config = config
+        self._known.clear()
+        self._pooled.clear()
+        self._server = config.server.address.packed
+        subnet = config.network.subnet
+        self._mask, self._network = int(subnet.netmask), int(subnet.network_address)
+
+    def answer(self, data: bytes, sender: tuple[str, int], started: float) -> bool:
+        """Answer the datagram from a template, applied, sent and counted as the reference
+        path would; False (nothing done but the booter's upkeep) when it has none."""
+        found = scan(data)
+        if found is None:
+            return False
+        service, policy = self.service, self.policy
+        self._follow()
+        service.tick()
+        mac, relay = found.mac, sender[0] if found.relayed else ""
+        node = policy.nodes.by_mac(mac)
+        if node is not None:
+            known = self._known.get((found.shape, relay, mac))
+            if known is None or known.node is not node:
+                return False
+            template, address, why = known.template, known.grant.address, known.why
+            firmware, vendor, grant = known.firmware, known.vendor, known.grant
+        else:
+            pooled, table = self._pooled.get((found.shape, relay)), policy.leases
+            if pooled is None or table is None:
+                return False
+            asked = found.requested or (found.ciaddr if found.ciaddr != NOWHERE else None)
+            candidate = table.candidate(mac, IPv4Address(asked) if asked else None)
+            if candidate is None:
+                return False
+            template, address, why = pooled.template, candidate, pooled.why
+            firmware, vendor = pooled.firmware, pooled.vendor
+            offer = copy.copy(pooled.grant.offer)
+            offer.address = candidate
+            grant = Grant(offer, pooled=True)
+        packed = address.packed
+        kind = found.kind
+        if kind == REQUEST and self._confirmed(found) != packed:
+            return False  # a NAK, a withdrawal or silence: the reference path's
+        reply_kind = ACK if kind == REQUEST else OFFER
+        xid = data[4:8]
+        reply = template.render(reply_kind, xid, found.ciaddr, packed, data[28:44], found.echo)
+        if reply is None:
+            return False
+        if node is not None:
+            effects = known.acked if kind == REQUEST else known.offered
+        elif kind == REQUEST:
+            lease_time = grant.offer.lease_time
+            effects = (Effect(Action.COMMIT, mac, address, True, lease_time),
+                       Effect(Action.ACKED, mac, address, True))  # fmt: skip
+        else:
+            effects = (Effect(Action.OFFERED, mac, address, True),
+                       Effect(Action.HOLD, mac, address, True))  # fmt: skip
+        boots = node is not None and known.boots and kind == DISCOVER
+        verdict = Verdict(mac, firmware, vendor, node, None, boots, grant, why,
+                          xid=int.from_bytes(xid))  # fmt: skip
+        name = _NAMES[kind]
+        try:
+            policy.apply(verdict, effects)  # kept before it is promised
+        except Exception as error:
+            service.failed(name, mac, started, error)
+            return True
+        if found.relayed:
+            destination: tuple[str, int] = (inet_ntoa(data[24:28]), SERVER_PORT)
+        elif found.ciaddr != NOWHERE:
+            destination = (inet_ntoa(found.ciaddr), CLIENT_PORT)
+        else:
+            destination = BROADCAST
+        service.deliver(reply, destination)
+        service.answered(name, mac, started, _ANSWER[reply_kind])
+        return True
+
+    def _confirmed(self, found: Scan) -> bytes | None:
+        """The address a REQUEST asks to be confirmed in, as dhcp_server decides it (None:
+        it is not to be ACKed from a template: not ours, or off the subnet)."""
+        if found.server_id is not None:
+            if found.server_id != self._server:
+                return None
+            wanted = found.requested
+        elif found.ciaddr != NOWHERE:
+            wanted = found.ciaddr
+        else:
+            wanted = found.requested
+        if wanted is None or int.from_bytes(wanted) & self._mask != self._network:
+            return None
+        return wanted
+
+    def learn(
+        self,
+        data: bytes,
+        sender: tuple[str, int],
+        request: DhcpPacket,
+        verdict: Verdict,
+        decision: Decision,
+    ) -> None:
+        """Keep the reference path's answer to `request` as a template, if it is an OFFER
+        or ACK that every request of its shape gets, and the template gives the very bytes
+        that were sent."""
+        reply, grant = decision.reply, verdict.grant
+        if reply is None or grant is None or reply.message_type not in _ANSWER:
+            return
+        if not self.policy.lasting(verdict):
+            return
+        found = scan(data)
+        if found is None:
+            return
+        self._follow()
+        template = Template.of(request, reply, grant.offer)
+        if template is None:
+            return
+        made = template.render(
+            reply.message_type, data[4:8], found.ciaddr, reply.yiaddr.packed, data[28:44],
+            found.echo,
+        )  # fmt: skip
+        if made != encode(reply):
+            return
+        relay, mac = sender[0] if found.relayed else "", found.mac
+        if grant.pooled:
+            if len(self._pooled) >= SHAPES:
+                self._pooled.clear()
+            self._pooled[found.shape, relay] = Pooled(
+                template, verdict.firmware, verdict.vendor_class, grant, verdict.why
+            )
+            return
+        node = verdict.node
+        assert node is not None  # a grant that is not the pool's is a node's
+        if len(self._known) >= PER_NODE * len(self.policy.nodes.nodes) + SHAPES:
+            self._known.clear()
+        address = grant.address
+        self._known[found.shape, relay, mac] = Known(
+            node, template, verdict.firmware, verdict.vendor_class, grant, verdict.why,
+            verdict.firmware != "os",
+            (Effect(Action.OFFERED, mac, address, False),),
+            (Effect(Action.ACKED, mac, address, False),),
+        )  # fmt: skip
