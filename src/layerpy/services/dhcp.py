@@ -79,7 +79,10 @@ class DhcpService:
         port: int = dhcp.SERVER_PORT,
         proxy: bool = False,
         send: Send | None = None,
+        prepared: bool = True,
     ) -> None:
+        """``prepared``: answer the common requests from prepared replies where they can be
+        (services/dhcp_fast.py); False: every request by the reference path."""
         self.booter = booter
         self.server_address = server_address
         self.stats = stats
@@ -92,15 +95,15 @@ class DhcpService:
         self._identity = ServerIdentity(server_address, booter.config.network.subnet)
         # prepared replies: one authoritative server that sends, and logs no line a packet
         solo = isinstance(booter, BootPolicy) and booter.solo
-        self._fast = (
+        self.fast = (
             FastPath(self, booter)
-            if solo and not proxy and not log_requests and send is not None
+            if prepared and solo and not proxy and not log_requests and send is not None
             else None
         )
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         started = time.perf_counter()
-        fast = self._fast
+        fast = self.fast
         if fast is not None and fast.answer(data, addr, started):
             return
         try:

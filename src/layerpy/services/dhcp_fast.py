@@ -91,6 +91,7 @@ class FastPath:
         self._pooled: dict[tuple[bytes, str], Pooled] = {}  # (shape, relay)
         self._server = b""  # our server identifier, packed
         self._mask = self._network = 0  # the subnet, as ints
+        self.hits = 0  # requests answered here
 
     def _follow(self) -> None:
         """Forget every template when the node file changed (a reload)."""
@@ -167,6 +168,7 @@ class FastPath:
             destination = (inet_ntoa(found.ciaddr), CLIENT_PORT)
         else:
             destination = BROADCAST
+        self.hits += 1
         service.deliver(reply, destination)
         service.answered(name, mac, started, _ANSWER[reply_kind])
         return True
