@@ -276,6 +276,14 @@ class Offer:
     ipxe_no_pxedhcp: bool = False
     pxe_menu: str | None = None  # a PXE boot menu item to offer (option 43), with no file
 
+    def of(self, address: IPv4Address) -> "Offer":
+        """The same offer of another address (a pool's, for each client), copied without
+        the dataclass's field-by-field __init__ (a fifth of the cost)."""
+        other = object.__new__(Offer)
+        other.__dict__.update(self.__dict__)
+        other.address = address
+        return other
+
 
 def pxe_boot_menu(item: str) -> bytes:
     """Option 43 naming one PXE boot menu item, as dnsmasq's ``pxe-service=0,"ITEM"``

@@ -21,7 +21,6 @@ before an answer, which the reference path does.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from ipaddress import IPv4Address
 from socket import inet_ntoa
@@ -132,9 +131,7 @@ class FastPath:
                 return False
             template, address, why = pooled.template, candidate, pooled.why
             firmware, vendor = pooled.firmware, pooled.vendor
-            offer = copy.copy(pooled.grant.offer)
-            offer.address = candidate
-            grant = Grant(offer, pooled=True)
+            grant = Grant(pooled.grant.offer.of(candidate), pooled=True)
         packed = address.packed
         kind = found.kind
         if kind == REQUEST and self._confirmed(found) != packed:
