@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from ipaddress import IPv4Address
 
-from layerpy.boot import Booter, BootPolicy, Verdict
+from layerpy.boot import Booter, Verdict
 from layerpy.config import ServerConfig
 from layerpy.host import StartRefused, cannot_listen
 from layerpy.logs import Throttle
@@ -94,10 +94,9 @@ class DhcpService:
         self._keeping: set[asyncio.Task[None]] = set()  # replies waiting for etcd (a cluster)
         self._identity = ServerIdentity(server_address, booter.config.network.subnet)
         # prepared replies: one authoritative server that sends, and logs no line a packet
-        solo = isinstance(booter, BootPolicy) and booter.solo
         self.fast = (
             FastPath(self, booter)
-            if prepared and solo and not proxy and not log_requests and send is not None
+            if prepared and booter.solo and not proxy and not log_requests and send is not None
             else None
         )
 

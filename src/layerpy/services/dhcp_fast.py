@@ -24,9 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from ipaddress import IPv4Address
 from socket import inet_ntoa
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from layerpy.boot import BootPolicy, Verdict
+from layerpy.boot import Booter, Verdict
 from layerpy.model import Node
 from layerpy.proto.dhcp import (
     ACK,
@@ -41,9 +41,6 @@ from layerpy.proto.dhcp import (
 from layerpy.proto.dhcp_server import Action, Decision, Effect, Grant
 from layerpy.proto.prepared import NOWHERE, Scan, Template, scan
 
-if TYPE_CHECKING:
-    from layerpy.services.dhcp import DhcpService
-
 SHAPES = 1024
 """Pool templates kept at most (one per shape and relay: a few per kind of firmware)."""
 PER_NODE = 4
@@ -52,6 +49,16 @@ are forgotten and made again: a flood of odd shapes costs memory in proportion t
 BROADCAST = ("255.255.255.255", CLIENT_PORT)
 _ANSWER = {OFFER: "offer", ACK: "ack"}
 _NAMES = {DISCOVER: "discover", REQUEST: "request"}
+
+
+class Service(Protocol):
+    """What of the DHCP service (services/dhcp.py) this path uses: the same upkeep, sending,
+    counting and failure handling as the reference path."""
+
+    def tick(self) -> None: ...
+    def deliver(self, reply: bytes, destination: tuple[str, int]) -> None: ...
+    def answered(self, kind: str, mac: str, started: float, answer: str) -> None: ...
+    def failed(self, kind: str, mac: str, started: float, error: Exception) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +90,7 @@ class Pooled:
 class FastPath:
     """Prepared answers of one DHCP service (authoritative, one server)."""
 
-    def __init__(self, service: DhcpService, policy: BootPolicy) -> None:
+    def __init__(self, service: Service, policy: Booter) -> None:
         self.service, self.policy = service, policy
         self._config: object = None  # the node file the templates were made from
         self._known: dict[tuple[bytes, str, str], Known] = {}  # (shape, relay, MAC)
@@ -114,7 +121,7 @@ class FastPath:
         self._follow()
         service.tick()
         mac, relay = found.mac, sender[0] if found.relayed else ""
-        node = policy.nodes.by_mac(mac)
+        node = policy.machine(mac)
         if node is not None:
             known = self._known.get((found.shape, relay, mac))
             if known is None or known.node is not node:
@@ -224,7 +231,7 @@ class FastPath:
             return
         node = verdict.node
         assert node is not None  # a grant that is not the pool's is a node's
-        if len(self._known) >= PER_NODE * len(self.policy.nodes.nodes) + SHAPES:
+        if len(self._known) >= PER_NODE * len(self.policy.config.nodes) + SHAPES:
             self._known.clear()
         address = grant.address
         self._known[found.shape, relay, mac] = Known(
