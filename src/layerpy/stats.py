@@ -114,8 +114,17 @@ FAMILIES = {
             "as malformed, ignored (no client's request), relayed but not from a relay the "
             "node file names (untrusted-relay), a reply the kernel refused (dropped), or a "
             "request shed unread past saturation (shed).",
-            ("offer", "ack", "nak", "silent", "malformed", "ignored", "untrusted-relay", "dropped",
-             "shed"),  # fmt: skip
+            (
+                "offer",
+                "ack",
+                "nak",
+                "silent",
+                "malformed",
+                "ignored",
+                "untrusted-relay",
+                "dropped",
+                "shed",
+            ),
         ),
     ),
     "tftp": Family(
