@@ -21,7 +21,7 @@ before an answer, which the reference path does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from ipaddress import IPv4Address
 from socket import inet_ntoa
 from typing import Protocol
@@ -72,8 +72,6 @@ class Known:
     grant: Grant
     why: str
     boots: bool  # its DISCOVER is a boot request (boot firmware, not an OS)
-    offered: tuple[Effect, ...]
-    acked: tuple[Effect, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +93,7 @@ class FastPath:
         self._config: object = None  # the node file the templates were made from
         self._known: dict[tuple[bytes, str, str], Known] = {}  # (shape, relay, MAC)
         self._pooled: dict[tuple[bytes, str], Pooled] = {}  # (shape, relay)
+        self._interned: dict[bytes, bytes] = {}  # shapes and template bodies, one copy each
         self._server = b""  # our server identifier, packed
         self._mask = self._network = 0  # the subnet, as ints
         self.hits = 0  # requests answered here
@@ -107,6 +106,7 @@ class FastPath:
         self._config = config
         self._known.clear()
         self._pooled.clear()
+        self._interned.clear()
         self._server = config.server.address.packed
         subnet = config.network.subnet
         self._mask, self._network = int(subnet.netmask), int(subnet.network_address)
@@ -148,15 +148,16 @@ class FastPath:
         reply = template.render(reply_kind, xid, found.ciaddr, packed, data[28:44], found.echo)
         if reply is None:
             return False
-        if node is not None:
-            effects = known.acked if kind == REQUEST else known.offered
-        elif kind == REQUEST:
-            lease_time = grant.offer.lease_time
-            effects = (Effect(Action.COMMIT, mac, address, True, lease_time),
-                       Effect(Action.ACKED, mac, address, True))  # fmt: skip
+        pooled = node is None
+        if kind == DISCOVER:
+            effects = (Effect(Action.OFFERED, mac, address, pooled),)
+            if pooled:
+                effects = (*effects, Effect(Action.HOLD, mac, address, True))
         else:
-            effects = (Effect(Action.OFFERED, mac, address, True),
-                       Effect(Action.HOLD, mac, address, True))  # fmt: skip
+            effects = (Effect(Action.ACKED, mac, address, pooled),)
+            if pooled:
+                lease_time = grant.offer.lease_time
+                effects = (Effect(Action.COMMIT, mac, address, True, lease_time), *effects)
         boots = node is not None and known.boots and kind == DISCOVER
         verdict = Verdict(mac, firmware, vendor, node, None, boots, grant, why,
                           xid=int.from_bytes(xid))  # fmt: skip
@@ -176,6 +177,11 @@ class FastPath:
         service.deliver(reply, destination)
         service.answered(name, mac, started, _ANSWER[reply_kind])
         return True
+
+    def _shape(self, shape: bytes) -> bytes:
+        """One copy of each shape, and of each body below, however many nodes share it:
+        a 100 000-node file's templates are mostly the same but for a few bytes."""
+        return self._interned.setdefault(shape, shape)
 
     def _confirmed(self, found: Scan) -> bytes | None:
         """The address a REQUEST asks to be confirmed in, as dhcp_server decides it (None:
@@ -215,6 +221,7 @@ class FastPath:
         template = Template.of(request, reply, grant.offer)
         if template is None:
             return
+        template = replace(template, body=self._interned.setdefault(template.body, template.body))
         made = template.render(
             reply.message_type, data[4:8], found.ciaddr, reply.yiaddr.packed, data[28:44],
             found.echo,
@@ -225,7 +232,8 @@ class FastPath:
         if grant.pooled:
             if len(self._pooled) >= SHAPES:
                 self._pooled.clear()
-            self._pooled[found.shape, relay] = Pooled(
+                self._interned.clear()
+            self._pooled[self._shape(found.shape), relay] = Pooled(
                 template, verdict.firmware, verdict.vendor_class, grant, verdict.why
             )
             return
@@ -233,10 +241,8 @@ class FastPath:
         assert node is not None  # a grant that is not the pool's is a node's
         if len(self._known) >= PER_NODE * len(self.policy.config.nodes) + SHAPES:
             self._known.clear()
-        address = grant.address
-        self._known[found.shape, relay, mac] = Known(
+            self._interned.clear()
+        self._known[self._shape(found.shape), relay, mac] = Known(
             node, template, verdict.firmware, verdict.vendor_class, grant, verdict.why,
             verdict.firmware != "os",
-            (Effect(Action.OFFERED, mac, address, False),),
-            (Effect(Action.ACKED, mac, address, False),),
         )  # fmt: skip
