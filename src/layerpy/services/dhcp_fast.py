@@ -179,8 +179,8 @@ class FastPath:
         return True
 
     def _shape(self, shape: bytes) -> bytes:
-        """One copy of each shape, and of each body below, however many nodes share it:
-        a 100 000-node file's templates are mostly the same but for a few bytes."""
+        """One copy of each shape, and of each template's parts below, however many nodes
+        share it: a 100 000-node file's templates are mostly the same but for a few bytes."""
         return self._interned.setdefault(shape, shape)
 
     def _confirmed(self, found: Scan) -> bytes | None:
@@ -221,7 +221,12 @@ class FastPath:
         template = Template.of(request, reply, grant.offer)
         if template is None:
             return
-        template = replace(template, body=self._interned.setdefault(template.body, template.body))
+        keep = self._interned.setdefault
+        template = replace(
+            template, head=keep(template.head, template.head),
+            flags=keep(template.flags, template.flags),
+            middle=keep(template.middle, template.middle), body=keep(template.body, template.body),
+        )  # fmt: skip
         made = template.render(
             reply.message_type, data[4:8], found.ciaddr, reply.yiaddr.packed, data[28:44],
             found.echo,
