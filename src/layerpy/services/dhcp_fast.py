@@ -21,13 +21,12 @@ before an answer, which the reference path does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from ipaddress import IPv4Address
 from socket import inet_ntoa
 from typing import Protocol
 
 from layerpy.boot import Booter, Verdict
-from layerpy.model import Node
 from layerpy.proto.dhcp import (
     ACK,
     CLIENT_PORT,
@@ -38,8 +37,8 @@ from layerpy.proto.dhcp import (
     DhcpPacket,
     encode,
 )
-from layerpy.proto.dhcp_server import Action, Decision, Effect, Grant
-from layerpy.proto.prepared import NOWHERE, Scan, Template, scan
+from layerpy.proto.dhcp_server import Action, Decision, Effect
+from layerpy.proto.prepared import NOWHERE, Scan, Template, render, scan, template
 
 SHAPES = 1024
 """Pool templates kept at most (one per shape and relay: a few per kind of firmware)."""
@@ -61,17 +60,11 @@ class Service(Protocol):
     def failed(self, kind: str, mac: str, started: float, error: Exception) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Known:
-    """A known node's prepared answer to one shape of request."""
-
-    node: Node
-    template: Template
-    firmware: str
-    vendor: str | None
-    grant: Grant
-    why: str
-    boots: bool  # its DISCOVER is a boot request (boot firmware, not an OS)
+Known = tuple[str, Template, str, "str | None", str, bool, bytes]
+"""A known node's prepared answer to one shape of request: the node's name, the template,
+its firmware and vendor class, why (for the verdict), whether its DISCOVER is a boot
+request (boot firmware, not an OS), and its address, packed. A plain tuple of strings,
+bytes and ints, which the garbage collector stops tracking (proto/prepared.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +74,8 @@ class Pooled:
     template: Template
     firmware: str
     vendor: str | None
-    grant: Grant  # the grant it was made from (another client's address)
     why: str
+    lease_time: int
 
 
 class FastPath:
@@ -93,7 +86,9 @@ class FastPath:
         self._config: object = None  # the node file the templates were made from
         self._known: dict[tuple[bytes, str, str], Known] = {}  # (shape, relay, MAC)
         self._pooled: dict[tuple[bytes, str], Pooled] = {}  # (shape, relay)
-        self._interned: dict[bytes, bytes] = {}  # shapes and template bodies, one copy each
+        # one copy of each shape and template part, however many nodes share it: a 100 000
+        # node file's templates are mostly the same but for a few bytes
+        self._interned: dict[bytes, bytes] = {}
         self._server = b""  # our server identifier, packed
         self._mask = self._network = 0  # the subnet, as ints
         self.hits = 0  # requests answered here
@@ -124,10 +119,10 @@ class FastPath:
         node = policy.machine(mac)
         if node is not None:
             known = self._known.get((found.shape, relay, mac))
-            if known is None or known.node is not node:
-                return False
-            template, address, why = known.template, known.grant.address, known.why
-            firmware, vendor, grant = known.firmware, known.vendor, known.grant
+            if known is None or known[0] != node.name:
+                return False  # not prepared, or the MAC is another node's now
+            made, firmware, vendor, why, boots, packed = known[1:]
+            address, lease_time = IPv4Address(packed), 0
         else:
             pooled, table = self._pooled.get((found.shape, relay)), policy.leases
             if pooled is None or table is None:
@@ -136,31 +131,31 @@ class FastPath:
             candidate = table.candidate(mac, IPv4Address(asked) if asked else None)
             if candidate is None:
                 return False
-            template, address, why = pooled.template, candidate, pooled.why
-            firmware, vendor = pooled.firmware, pooled.vendor
-            grant = Grant(pooled.grant.offer.of(candidate), pooled=True)
-        packed = address.packed
+            made, firmware, vendor, why = (pooled.template, pooled.firmware, pooled.vendor,
+                                           pooled.why)  # fmt: skip
+            address, packed, boots = candidate, candidate.packed, False
+            lease_time = pooled.lease_time
         kind = found.kind
         if kind == REQUEST and self._confirmed(found) != packed:
             return False  # a NAK, a withdrawal or silence: the reference path's
         reply_kind = ACK if kind == REQUEST else OFFER
         xid = data[4:8]
-        reply = template.render(reply_kind, xid, found.ciaddr, packed, data[28:44], found.echo)
+        reply = render(made, reply_kind, xid, found.ciaddr, packed, data[28:44], found.echo)
         if reply is None:
             return False
-        pooled = node is None
+        from_pool = node is None
         if kind == DISCOVER:
-            effects = (Effect(Action.OFFERED, mac, address, pooled),)
-            if pooled:
+            effects = (Effect(Action.OFFERED, mac, address, from_pool),)
+            if from_pool:
                 effects = (*effects, Effect(Action.HOLD, mac, address, True))
         else:
-            effects = (Effect(Action.ACKED, mac, address, pooled),)
-            if pooled:
-                lease_time = grant.offer.lease_time
+            effects = (Effect(Action.ACKED, mac, address, from_pool),)
+            if from_pool:
                 effects = (Effect(Action.COMMIT, mac, address, True, lease_time), *effects)
-        boots = node is not None and known.boots and kind == DISCOVER
-        verdict = Verdict(mac, firmware, vendor, node, None, boots, grant, why,
-                          xid=int.from_bytes(xid))  # fmt: skip
+        # what the request showed, for apply(), which reads nothing else: the grant is
+        # not made again (the template is its answer, the effects carry its address)
+        verdict = Verdict(mac, firmware, vendor, node, None, boots and kind == DISCOVER, None,
+                          why, xid=int.from_bytes(xid))  # fmt: skip
         name = _NAMES[kind]
         try:
             policy.apply(verdict, effects)  # kept before it is promised
@@ -177,11 +172,6 @@ class FastPath:
         service.deliver(reply, destination)
         service.answered(name, mac, started, _ANSWER[reply_kind])
         return True
-
-    def _shape(self, shape: bytes) -> bytes:
-        """One copy of each shape, and of each template's parts below, however many nodes
-        share it: a 100 000-node file's templates are mostly the same but for a few bytes."""
-        return self._interned.setdefault(shape, shape)
 
     def _confirmed(self, found: Scan) -> bytes | None:
         """The address a REQUEST asks to be confirmed in, as dhcp_server decides it (None:
@@ -218,28 +208,25 @@ class FastPath:
         if found is None:
             return
         self._follow()
-        template = Template.of(request, reply, grant.offer)
-        if template is None:
+        made = template(request, reply, grant.offer)
+        if made is None:
             return
         keep = self._interned.setdefault
-        template = replace(
-            template, head=keep(template.head, template.head),
-            flags=keep(template.flags, template.flags),
-            middle=keep(template.middle, template.middle), body=keep(template.body, template.body),
-        )  # fmt: skip
-        made = template.render(
-            reply.message_type, data[4:8], found.ciaddr, reply.yiaddr.packed, data[28:44],
-            found.echo,
-        )  # fmt: skip
-        if made != encode(reply):
+        head, flags, yiaddr, middle, body, options, size, limit = made
+        made = (keep(head, head), keep(flags, flags), yiaddr, keep(middle, middle),
+                keep(body, body), options, size, limit)  # fmt: skip
+        proof = render(made, reply.message_type, data[4:8], found.ciaddr, reply.yiaddr.packed,
+                       data[28:44], found.echo)  # fmt: skip
+        if proof != encode(reply):
             return
         relay, mac = sender[0] if found.relayed else "", found.mac
+        shape = keep(found.shape, found.shape)
         if grant.pooled:
             if len(self._pooled) >= SHAPES:
                 self._pooled.clear()
                 self._interned.clear()
-            self._pooled[self._shape(found.shape), relay] = Pooled(
-                template, verdict.firmware, verdict.vendor_class, grant, verdict.why
+            self._pooled[shape, relay] = Pooled(
+                made, verdict.firmware, verdict.vendor_class, verdict.why, grant.offer.lease_time
             )
             return
         node = verdict.node
@@ -247,7 +234,7 @@ class FastPath:
         if len(self._known) >= PER_NODE * len(self.policy.config.nodes) + SHAPES:
             self._known.clear()
             self._interned.clear()
-        self._known[self._shape(found.shape), relay, mac] = Known(
-            node, template, verdict.firmware, verdict.vendor_class, grant, verdict.why,
-            verdict.firmware != "os",
+        self._known[shape, relay, mac] = (
+            node.name, made, verdict.firmware, verdict.vendor_class, verdict.why,
+            verdict.firmware != "os", grant.address.packed,
         )  # fmt: skip
