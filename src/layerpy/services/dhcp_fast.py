@@ -10,7 +10,7 @@ client's own values patched in, and the same effects go through the same
 ``BootPolicy.apply`` before it is sent (a lease is journalled before the answer that
 promises it). Anything else (another message type, a NAK, a withdrawal, an address the
 client may not have, a relay's option 82, a shape not seen yet) is the reference path's.
-``tests/unit/test_dhcp_fast.py`` feeds both paths the same requests and requires the same
+``tests/fuzz/test_fuzz_dhcp_fast.py`` feeds both paths the same requests and requires the same
 bytes and the same effects.
 
 What a template depends on is the node file (all of them are forgotten when it changes),
