@@ -29,8 +29,10 @@ at random moments), which alone can double one 10 s capture's p99: rounds that
 alternate give both servers the same chance of it. Then saturation: the best completed
 4-way exchange rate perfdhcp reports over 10 s runs at rising offered rates (1000 to
 24000/s).
-Run as root: `.venv/bin/python bench/dhcp_kea.py [--quick] [--mode static|pool] [--keep]`
-(--quick: 3 s runs, 4 rates, one latency round; --keep: keep logs, configs and captures for a look).
+Run as root: `.venv/bin/python bench/dhcp_kea.py [--quick] [--mode static|pool] [--keep]
+[--rates R1,R2,...] [--rounds N]` (--quick: 3 s runs, 4 rates, one latency round; --keep: keep
+logs, configs and captures for a look; --rates: these offered rates instead, e.g. twice a
+server's saturation to see whether its completed rate levels off; --rounds: latency rounds).
 """
 
 from __future__ import annotations
@@ -501,10 +503,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="3 s runs, 4 rates, one latency round")
     parser.add_argument("--mode", choices=("static", "pool"), help="only this mode")
     parser.add_argument("--keep", action="store_true", help="keep logs, configs and captures")
+    parser.add_argument("--rates", help="offered rates for saturation, e.g. 16000,32000,40000")
+    parser.add_argument("--rounds", type=int, help="latency rounds per server (0: none)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: namespaces, tcpdump and port 67")
     seconds, rates, rounds = (3, QUICK_RATES, 1) if args.quick else (10, RATES, LATENCY_ROUNDS)
+    if args.rates:
+        rates = tuple(int(rate) for rate in args.rates.split(","))
+    if args.rounds is not None:
+        rounds = args.rounds
     ensure_tools()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that teardown runs
     began = time.monotonic()
@@ -560,7 +568,7 @@ def report(results: dict[str, dict[str, Result]], seconds: float, rounds: int, t
     for mode, found in results.items():
         ours, theirs = found["layerpy"], found["kea"]
         sat = ours.saturation / theirs.saturation if theirs.saturation else float("nan")
-        p99 = ours.latency.p99_ms / theirs.latency.p99_ms
+        p99 = ours.latency.p99_ms / theirs.latency.p99_ms if theirs.rounds else float("nan")
         print(f"{mode}: layerpy/Kea saturation {sat:.2f}x, p99 latency {p99:.2f}x")
     for mode, name, r in ((m, n, r) for m, found in results.items() for n, r in found.items()):
         if r.problems:

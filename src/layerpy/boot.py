@@ -127,7 +127,9 @@ def firmware_of(request: DhcpPacket) -> str:
     return known.name
 
 
-@dataclass(frozen=True, slots=True)
+# not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__,
+# 3.5x the cost, and DHCP makes one of these per packet
+@dataclass(slots=True)
 class Verdict:
     """What one DHCP request shows and deserves, before anything is written."""
 
@@ -190,6 +192,15 @@ class Booter(Protocol):
     def verdict(self, request: DhcpPacket, sender: str) -> Verdict: ...
     def apply(self, verdict: Verdict, effects: Iterable[Effect]) -> None: ...
     def keeping(self) -> Awaitable[bool] | None: ...
+
+    # what DHCP's prepared replies ask (services/dhcp_fast.py)
+    @property
+    def solo(self) -> bool: ...
+    @property
+    def leases(self) -> LeaseTable | None: ...
+    def machine(self, mac: str) -> Node | None: ...
+    def lasting(self, verdict: Verdict) -> bool: ...
+
     async def script(self, name: str, remote: str) -> str | None: ...
     async def loader_file(self, name: str, remote: str) -> bytes | Path | None: ...
     def discovery_script(self, mac: str, remote: str) -> str | None: ...
@@ -423,6 +434,32 @@ class BootPolicy:
         boot_request = node is not None and firmware != "os" and request.message_type == DISCOVER
         return Verdict(mac, firmware, vendor, node, location, boot_request, grant, why,
                        xid=request.xid)  # fmt: skip
+
+    def machine(self, mac: str) -> Node | None:
+        """The node a MAC is, as verdict() finds it where no relay names a location."""
+        return self.nodes.by_mac(mac)
+
+    @property
+    def solo(self) -> bool:
+        """One server: no cluster's pool to keep in etcd or to leave to its holder."""
+        return not self._shared and self.pool_gate is None
+
+    def lasting(self, verdict: Verdict) -> bool:
+        """Whether this verdict's grant is what every request of the same shape from the
+        same machine (a pool grant: from any machine no node claims, but for the address)
+        is granted until the node file changes, so that an answer may be prepared from it
+        (services/dhcp_fast.py). Not a signed loader's, whose files are looked for on disk
+        each time, nor an iPXE's discovery script, named by the machine's MAC, nor a grant
+        that depends on where a relay says the machine is."""
+        grant, firmware = verdict.grant, verdict.firmware
+        if grant is None or verdict.unbootable or verdict.untrusted or verdict.location:
+            return False
+        if grant.pooled:
+            return firmware not in (IPXE, IPXE_ARM64)
+        node, kind = verdict.node, FIRMWARE.get(firmware)
+        if node is None or kind is None or not kind.binary:  # an OS, iPXE, a Pi: no loader
+            return node is not None
+        return not node.config.secure_boot and getattr(self.config.ipxe, kind.binary) is not None
 
     def _pi(self, request: DhcpPacket, node: Node | None, firmware: str) -> tuple[Node | None, str]:
         """A Raspberry Pi bootloader is known by its serial (option 97) where its MAC is not

@@ -76,6 +76,8 @@ def _chosen(config: Config, node: NodeConfig, image: str | None) -> list[FileCon
 def render_problems(config: Config) -> dict[str, str]:
     """The first failure of each file, made for every node the file gives it to."""
     problems: dict[str, str] = {}
+    if not config.files:  # no node gets any: no pass over (maybe 100 000) nodes at start
+        return problems
     for node in config.nodes.values():
         chosen = _chosen(config, node, node.image)
         if len(chosen) > MAX_FILES:

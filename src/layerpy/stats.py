@@ -112,8 +112,19 @@ FAMILIES = {
             "outcome",
             "What became of DHCP datagrams: the answer (offer, ack, nak, silent), or dropped "
             "as malformed, ignored (no client's request), relayed but not from a relay the "
-            "node file names (untrusted-relay), or a reply the kernel refused.",
-            ("offer", "ack", "nak", "silent", "malformed", "ignored", "untrusted-relay", "dropped"),
+            "node file names (untrusted-relay), a reply the kernel refused (dropped), or a "
+            "request shed unread past saturation (shed).",
+            (
+                "offer",
+                "ack",
+                "nak",
+                "silent",
+                "malformed",
+                "ignored",
+                "untrusted-relay",
+                "dropped",
+                "shed",
+            ),
         ),
     ),
     "tftp": Family(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 
 from layerpy.services.datagrams import BATCH, Datagrams
 
@@ -80,3 +81,41 @@ def test_close_stops_reading_and_closes_the_socket() -> None:
         assert not asyncio.get_running_loop().remove_reader(fd)  # False: none was left
 
     asyncio.run(main())
+
+
+def test_shed_is_asked_with_how_long_each_datagram_waited() -> None:
+    """With a shed callback, each datagram's wait in the socket comes from the kernel's
+    time stamp of its arrival: one that waited while the loop was busy shows it, and the
+    ones it sheds are never handed on."""
+
+    async def main() -> tuple[list[float], list[bytes]]:
+        endpoint = Datagrams(loopback_socket())
+        sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        waits: list[float] = []
+        handed: list[bytes] = []
+        both = asyncio.Event()
+
+        def shed(data: bytes, waited: float) -> bool:
+            waits.append(waited)
+            return data == b"old"
+
+        def on_datagram(data: bytes, _sender: tuple[str, int]) -> None:
+            handed.append(data)
+            both.set()
+
+        endpoint.listen(on_datagram, shed=shed)
+        sender.sendto(b"old", endpoint.sock.getsockname())
+        time.sleep(0.3)  # the loop is busy: the datagram waits in the socket meanwhile
+        sender.sendto(b"new", endpoint.sock.getsockname())
+        try:
+            async with asyncio.timeout(30):
+                await both.wait()
+        except TimeoutError:
+            raise AssertionError(f"waited 30 s for the new datagram; shed saw {waits}") from None
+        endpoint.close()
+        sender.close()
+        return waits, handed
+
+    waits, handed = asyncio.run(main())
+    assert handed == [b"new"]
+    assert len(waits) == 2 and waits[0] >= 0.3 > waits[1] >= -0.01, waits

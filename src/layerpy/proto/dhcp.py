@@ -120,16 +120,7 @@ class DhcpPacket:
         for the old format (the serial four times, ``DHCP_OPTION97=0``: anything may look
         so, only a node's serial makes it a Pi). Serial: 8 lowercase hex digits, from the
         little-endian word (captures of the old format show it so). None: no such GUID."""
-        value = self.options.get(OPT_UUID, b"")
-        if len(value) != 17 or value[0] != 0:
-            return None
-        guid = value[1:]
-        serial = f"{int.from_bytes(guid[12:16], 'little'):08x}"
-        if guid[:4] in RPI_GUIDS:
-            return guid[:4].decode(), serial
-        if guid[:4] * 4 == guid:
-            return None, serial
-        return None
+        return rpi_guid(self.options.get(OPT_UUID, b""))
 
     @property
     def requested_ip(self) -> IPv4Address | None:
@@ -162,6 +153,19 @@ class DhcpPacket:
     @property
     def broadcast(self) -> bool:
         return bool(self.flags & BROADCAST_FLAG)
+
+
+def rpi_guid(value: bytes) -> tuple[str | None, str] | None:
+    """Option 97's value as DhcpPacket.rpi_guid reads it."""
+    if len(value) != 17 or value[0] != 0:
+        return None
+    guid = value[1:]
+    serial = f"{int.from_bytes(guid[12:16], 'little'):08x}"
+    if guid[:4] in RPI_GUIDS:
+        return guid[:4].decode(), serial
+    if guid[:4] * 4 == guid:
+        return None, serial
+    return None
 
 
 def _address(value: bytes | None) -> IPv4Address | None:
@@ -225,20 +229,28 @@ def encode(packet: DhcpPacket) -> bytes:
     fixed = (p.op, p.htype, p.hlen, p.hops, p.xid, p.secs, p.flags)
     addresses = (int(p.ciaddr), int(p.yiaddr), int(p.siaddr), int(p.giaddr))
     out = bytearray(_HEADER.pack(*fixed, *addresses, p.chaddr, p.sname, p.file, _MAGIC))
-    for code, value in p.options.items():
-        if len(value) <= 255:
-            out += bytes((code, len(value))) + value
-            continue
-        for at in range(0, len(value), 255):
-            chunk = value[at : at + 255]
-            out += bytes((code, len(chunk))) + chunk
+    out += encode_options(p.options)
     out.append(OPT_END)
     if len(out) < MIN_LEN:
         out += bytes(MIN_LEN - len(out))
     return bytes(out)
 
 
-def _encoded_size(options: dict[int, bytes]) -> int:
+def encode_options(options: dict[int, bytes]) -> bytes:
+    """The options as code, length, value, in order; a value over 255 bytes is split into
+    pieces of the same code (RFC 3396). No END, no padding."""
+    out = bytearray()
+    for code, value in options.items():
+        if len(value) <= 255:
+            out += bytes((code, len(value))) + value
+            continue
+        for at in range(0, len(value), 255):
+            chunk = value[at : at + 255]
+            out += bytes((code, len(chunk))) + chunk
+    return bytes(out)
+
+
+def encoded_size(options: dict[int, bytes]) -> int:
     """What encode() will produce before padding: every 255-byte piece costs 2 more bytes."""
     size = _OPTIONS_AT + 1
     for value in options.values():
@@ -264,6 +276,14 @@ class Offer:
     ipxe_no_pxedhcp: bool = False
     pxe_menu: str | None = None  # a PXE boot menu item to offer (option 43), with no file
 
+    def of(self, address: IPv4Address) -> "Offer":
+        """The same offer of another address (a pool's, for each client), copied without
+        the dataclass's field-by-field __init__ (a fifth of the cost)."""
+        other = object.__new__(Offer)
+        other.__dict__.update(self.__dict__)
+        other.address = address
+        return other
+
 
 def pxe_boot_menu(item: str) -> bytes:
     """Option 43 naming one PXE boot menu item, as dnsmasq's ``pxe-service=0,"ITEM"``
@@ -287,6 +307,29 @@ def build_reply(request: DhcpPacket, offer: Offer, *, proxy: bool = False) -> Dh
     kind = _REPLY_TYPE.get(request.message_type or 0)
     if kind is None:
         raise ValueError(f"DHCP message type {request.message_type} gets no OFFER/ACK")
+    options = offered_options(request, offer, kind, proxy=proxy)
+    options.update(_echoed(request))
+    _fit(options, max_size(request))
+    bootfile = offer.bootfile.encode() if offer.bootfile else b""
+    # A bootfile too long for the file field still reaches the client through option 67.
+    file = bootfile.ljust(128, b"\0") if len(bootfile) < 128 else _NO_FILE
+    inform = request.message_type == INFORM
+    r = request  # keeps htype, hlen, hops, xid, flags, giaddr and chaddr (RFC 2131 table 3)
+    return DhcpPacket(
+        2, r.htype, r.hlen, r.hops, r.xid, 0, r.flags,
+        ANY if kind == OFFER else r.ciaddr,
+        ANY if inform or proxy else offer.address,
+        offer.next_server or ANY,
+        r.giaddr, r.chaddr, _NO_SNAME, file, options,
+    )  # fmt: skip
+
+
+def offered_options(
+    request: DhcpPacket, offer: Offer, kind: int, *, proxy: bool = False
+) -> dict[int, bytes]:
+    """The options of build_reply's OFFER or ACK (`kind`) before the client's own are echoed
+    and the whole is fitted to its size: message type and server first, then what the
+    client asked for, in its order, then the rest in ours."""
     inform = request.message_type == INFORM
     bootfile = offer.bootfile.encode() if offer.bootfile else b""
     extra = {} if proxy else _lease_options(offer, inform)
@@ -310,18 +353,7 @@ def build_reply(request: DhcpPacket, offer: Offer, *, proxy: bool = False) -> Dh
     # Requested options first, in the client's order; then the rest in ours.
     options.update((code, extra[code]) for code in wanted if code in extra)
     options.update(extra)  # keys already present keep their position
-    options.update(_echoed(request))
-    _fit(options, _max_size(request))
-    # A bootfile too long for the file field still reaches the client through option 67.
-    file = bootfile.ljust(128, b"\0") if len(bootfile) < 128 else _NO_FILE
-    r = request  # keeps htype, hlen, hops, xid, flags, giaddr and chaddr (RFC 2131 table 3)
-    return DhcpPacket(
-        2, r.htype, r.hlen, r.hops, r.xid, 0, r.flags,
-        ANY if kind == OFFER else r.ciaddr,
-        ANY if inform or proxy else offer.address,
-        offer.next_server or ANY,
-        r.giaddr, r.chaddr, _NO_SNAME, file, options,
-    )  # fmt: skip
+    return options
 
 
 def _lease_options(offer: Offer, inform: bool) -> dict[int, bytes]:
@@ -380,7 +412,7 @@ def _echoed(request: DhcpPacket) -> dict[int, bytes]:
     return {c: request.options[c] for c in (OPT_CLIENT_ID, OPT_RELAY_AGENT) if c in request.options}
 
 
-def _max_size(request: DhcpPacket) -> int:
+def max_size(request: DhcpPacket) -> int:
     """Largest DHCP payload the client accepts: option 57 counts IP and UDP headers too."""
     value = request.options.get(OPT_MAX_SIZE, b"")
     size = int.from_bytes(value) if len(value) == 2 else 0
@@ -390,7 +422,7 @@ def _max_size(request: DhcpPacket) -> int:
 def _fit(options: dict[int, bytes], limit: int) -> None:
     """Drop options from the least wanted end until the packet fits (the order is priority)."""
     for code in reversed(list(options)):
-        if _encoded_size(options) <= limit:
+        if encoded_size(options) <= limit:
             return
         if code not in _ALWAYS_SENT:
             del options[code]

@@ -147,9 +147,15 @@ class LeaseTable:
     def offer(self, client: str, address: IPv4Address) -> Lease | None:
         """Hold an address offered to a client until its REQUEST; a bound lease of the same
         client on that address stays bound. None when the address is not the client's to get."""
-        lease = self.lease_of(client)
-        if lease is not None and lease.address == address and lease.state == BOUND:
-            return lease
+        number = int(address)
+        held = self._held.get(number)
+        if (
+            held is not None
+            and held[1] == BOUND
+            and held[2] > self.clock()
+            and self._by_client.get(client) == number
+        ):  # lease_of(client) is that bound lease, asked without making it
+            return self._lease(number)
         return self._take(client, address, OFFERED, self.hold)
 
     def commit(self, client: str, address: IPv4Address, lease_time: float) -> Lease | None:

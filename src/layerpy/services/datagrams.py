@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import struct
+import time
 from collections.abc import Callable
 
 BATCH = 64
 """Datagrams read per wakeup at most, so that a flood on one socket cannot starve the loop."""
 RECEIVE_SIZE = 65536  # any UDP payload: nothing is truncated before it is judged
 DEEP_BUFFER = 4 << 20  # bytes queued each way on a listening socket (1 000 nodes' requests)
+SO_TIMESTAMPNS = 35  # Linux's (asm-generic, x86-64 and arm64): each datagram's arrival time
+_TIMESPEC = struct.Struct("@qq")  # struct timespec, as SCM_TIMESTAMPNS carries it
+_STAMPED = socket.CMSG_SPACE(_TIMESPEC.size)
 
 
 def deep_buffers(sock: socket.socket, size: int = DEEP_BUFFER) -> None:
@@ -44,20 +49,37 @@ class Datagrams:
         self._loop = asyncio.get_running_loop()
         self._reading = False
 
-    def listen(self, on_datagram: Callable[[bytes, tuple[str, int]], None]) -> None:
-        """Hand every datagram that arrives, with its sender, to on_datagram."""
+    def listen(
+        self,
+        on_datagram: Callable[[bytes, tuple[str, int]], None],
+        shed: Callable[[bytes, float], bool] | None = None,
+    ) -> None:
+        """Hand every datagram that arrives, with its sender, to on_datagram; with `shed`,
+        first ask it whether to drop the datagram unread, given how long it waited in the
+        socket (seconds, from the kernel's time stamp of its arrival)."""
+        sock = self.sock
+        if shed is not None:
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
 
         def drain() -> None:
+            now = time.time()  # the kernel stamps arrivals on the wall clock
             for _ in range(BATCH):
                 try:
-                    data, sender = self.sock.recvfrom(RECEIVE_SIZE)
+                    if shed is None:
+                        data, sender = sock.recvfrom(RECEIVE_SIZE)
+                    else:
+                        data, ancillary, _, sender = sock.recvmsg(RECEIVE_SIZE, _STAMPED)
                 except (BlockingIOError, InterruptedError):
                     return
                 except OSError:  # an ICMP error about an earlier reply: nothing to read
                     continue
+                if shed is not None and ancillary:
+                    seconds, nanoseconds = _TIMESPEC.unpack_from(ancillary[0][2])
+                    if shed(data, now - seconds - nanoseconds * 1e-9):
+                        continue
                 on_datagram(data, sender)
 
-        self._loop.add_reader(self.sock.fileno(), drain)
+        self._loop.add_reader(sock.fileno(), drain)
         self._reading = True
 
     def send(self, data: bytes, destination: tuple[str, int]) -> bool:

@@ -35,6 +35,7 @@ from layerpy.proto.dhcp_server import (
 )
 from layerpy.proto.leases import BOUND
 from layerpy.services.datagrams import Datagrams, deep_buffers
+from layerpy.services.dhcp_fast import FastPath
 from layerpy.stats import Stats
 
 log = logging.getLogger("layerpy.dhcp")
@@ -51,6 +52,12 @@ NEIGHBOUR_CHECK = 600.0  # seconds between looks for another DHCP server while s
 PEERS_AGAIN = 0.25  # seconds between reads of the cluster's instances while one may register
 REMEMBERED = 4096
 """Clients whose last logged outcome is kept, so a repeating one is logged once."""
+DISCOVER_WAIT = 0.1
+"""Seconds a DISCOVER may have waited in the socket and still be answered: a room of a
+thousand machines asking at once is answered within ~30 ms; past saturation the excess
+goes here, before it costs a decode, so that the exchanges begun complete."""
+REQUEST_WAIT = 2.0  # seconds any other request may have waited (its client has moved on)
+_DISCOVER = bytes((dhcp.OPT_MESSAGE_TYPE, 1, dhcp.DISCOVER))  # as clients put it: first
 
 
 Send = Callable[[bytes, tuple[str, int]], bool]
@@ -72,7 +79,10 @@ class DhcpService:
         port: int = dhcp.SERVER_PORT,
         proxy: bool = False,
         send: Send | None = None,
+        prepared: bool = True,
     ) -> None:
+        """``prepared``: answer the common requests from prepared replies where they can be
+        (services/dhcp_fast.py); False: every request by the reference path."""
         self.booter = booter
         self.server_address = server_address
         self.stats = stats
@@ -83,9 +93,18 @@ class DhcpService:
         self._logged: OrderedDict[str, str] = OrderedDict()  # MAC -> last outcome logged
         self._keeping: set[asyncio.Task[None]] = set()  # replies waiting for etcd (a cluster)
         self._identity = ServerIdentity(server_address, booter.config.network.subnet)
+        # prepared replies: one authoritative server that sends, and logs no line a packet
+        self.fast = (
+            FastPath(self, booter)
+            if prepared and booter.solo and not proxy and not log_requests and send is not None
+            else None
+        )
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         started = time.perf_counter()
+        fast = self.fast
+        if fast is not None and fast.answer(data, addr, started):
+            return
         try:
             request = dhcp.decode(data)
         except dhcp.DhcpError as error:
@@ -102,15 +121,8 @@ class DhcpService:
         kind = MESSAGE_NAMES[request.message_type or 0]
         try:
             verdict, decision = self.handle(request, addr)
-        except OSError as error:  # the lease journal cannot be written: promise nothing
-            self.stats.observe("dhcp", kind, time.perf_counter() - started, ok=False)
-            quiet.log("journal", logging.ERROR, "not answering DHCP: leases cannot be kept: %s",
-                      error)  # fmt: skip
-            return
-        except Exception:
-            self.stats.observe("dhcp", kind, time.perf_counter() - started, ok=False)
-            quiet.log("failed", logging.ERROR, "%s: failed to answer a DHCP %s", request.mac,
-                      kind, exc_info=True)  # fmt: skip
+        except Exception as error:
+            self.failed(kind, request.mac, started, error)
             return
         self.stats.observe("dhcp", kind, time.perf_counter() - started)
         if verdict.untrusted:
@@ -121,17 +133,59 @@ class DhcpService:
         answer = decision.answer
         self.stats.count("dhcp", answer)
         self._log(request.mac, kind, addr[0], verdict, decision, answer)
+        if fast is not None:
+            fast.learn(data, addr, request, verdict, decision)
+
+    def shed(self, data: bytes, waited: float) -> bool:
+        """Whether a datagram that waited `waited` seconds in the socket is dropped unread
+        (counted): past saturation a request waits longer and longer, and answering stale
+        ones leaves no time for fresh ones, so that fewer and fewer exchanges complete. A
+        DISCOVER goes first (its client asks again; dropping it costs no exchange begun),
+        then anything the client has surely given up on."""
+        if waited < DISCOVER_WAIT or (waited < REQUEST_WAIT and data[240:243] != _DISCOVER):
+            return False
+        self.stats.count("dhcp", "shed", ok=False)
+        return True
+
+    def failed(self, kind: str, mac: str, started: float, error: Exception) -> None:
+        """A request not answered for an error (called in its except clause)."""
+        self.stats.observe("dhcp", kind, time.perf_counter() - started, ok=False)
+        if isinstance(error, OSError):  # the lease journal cannot be written: promise nothing
+            quiet.log("journal", logging.ERROR, "not answering DHCP: leases cannot be kept: %s",
+                      error)  # fmt: skip
+        else:
+            quiet.log("failed", logging.ERROR, "%s: failed to answer a DHCP %s", mac, kind,
+                      exc_info=True)  # fmt: skip
+
+    def answered(self, kind: str, mac: str, started: float, answer: str) -> None:
+        """Count an OFFER or ACK sent from a prepared reply, as _log would (an ACK is no news)."""
+        self.stats.observe("dhcp", kind, time.perf_counter() - started)
+        self.stats.count("dhcp", answer)
+        if answer == "ack":
+            self._logged.pop(mac, None)
+
+    def tick(self) -> None:
+        """The booter's upkeep before a request is decided: lapsed leases, logged."""
+        for lease in self.booter.tick():
+            level = logging.INFO if lease.state == BOUND else logging.DEBUG
+            whose = lease.client or "nobody's"
+            quiet.log("lease lapsed", level, "%s lease %s lapsed (%s)", lease.state,
+                      lease.address, whose)  # fmt: skip
+
+    def deliver(self, reply: bytes, destination: tuple[str, int]) -> None:
+        """Hand a reply to the kernel; unicast replies wait there for ARP, and when they
+        fill the socket's buffer a reply is dropped (its client asks again), never queued
+        without bound."""
+        assert self.send is not None
+        if not self.send(reply, destination):
+            self.stats.count("dhcp", "dropped", ok=False)
 
     def handle(
         self, request: dhcp.DhcpPacket, sender: tuple[str, int] = ("0.0.0.0", dhcp.CLIENT_PORT)
     ) -> tuple[Verdict, Decision]:
         """Ask, decide, apply, then send: nothing is written before the decision is made,
         and a lease is journalled before the ACK that promises it goes out."""
-        for lease in self.booter.tick():
-            level = logging.INFO if lease.state == BOUND else logging.DEBUG
-            whose = lease.client or "nobody's"
-            quiet.log("lease lapsed", level, "%s lease %s lapsed (%s)", lease.state,
-                      lease.address, whose)  # fmt: skip
+        self.tick()
         verdict = self.booter.verdict(request, sender[0])
         if verdict.untrusted:  # a forged relay's word: nothing answered, nothing written
             return verdict, Decision(None, None, verdict.why)
@@ -151,12 +205,8 @@ class DhcpService:
             self._keeping.add(task)
             task.add_done_callback(self._keeping.discard)
             return verdict, decision
-        if reply is None or destination is None or self.send is None:
-            return verdict, decision
-        # unicast replies wait in the kernel for ARP; when they fill the socket's buffer a
-        # reply is dropped (its client asks again), never queued without bound
-        if not self.send(dhcp.encode(reply), destination):
-            self.stats.count("dhcp", "dropped", ok=False)
+        if reply is not None and destination is not None and self.send is not None:
+            self.deliver(dhcp.encode(reply), destination)
         return verdict, decision
 
     async def _send_kept(
@@ -166,12 +216,8 @@ class DhcpService:
         got there first (the client asks again)."""
         if not await keeping:
             self.stats.count("dhcp", "not-kept", ok=False)
-        elif (
-            send is not None
-            and self.send is not None
-            and not self.send(dhcp.encode(send[0]), send[1])
-        ):
-            self.stats.count("dhcp", "dropped", ok=False)
+        elif send is not None and self.send is not None:
+            self.deliver(dhcp.encode(send[0]), send[1])
 
     def _log(
         self, mac: str, kind: str, source: str, verdict: Verdict, decision: Decision, answer: str
@@ -224,7 +270,7 @@ async def start_dhcp(
                 booter, server_address, stats, log_requests,
                 port=port, proxy=proxy, send=endpoint.send,
             )  # fmt: skip
-            endpoint.listen(service.datagram_received)
+            endpoint.listen(service.datagram_received, shed=service.shed)
     except BaseException:
         for endpoint in endpoints:
             endpoint.close()
