@@ -11,7 +11,7 @@ from ipaddress import IPv4Address
 
 import pytest
 
-from layerpy import logs
+from layerpy import boot, logs
 from layerpy.boot import DISCOVERY_LEASE, PER_PORT, firmware_of
 from layerpy.config import load
 from layerpy.logs import BURST
@@ -123,6 +123,7 @@ def test_firmware_without_a_binary_is_refused_and_logged(
 ) -> None:
     discover = request(dhcp.DISCOVER, **options)
     assert firmware_of(discover) == firmware
+    boot.quiet.end("unbootable firmware")  # a fresh window: earlier modules' refusals used it
     with caplog.at_level(logging.WARNING, "layerpy.dhcp"):
         assert answer(service, discover) is None
     assert caplog.messages == [
@@ -190,6 +191,7 @@ def test_arm64_firmware_without_an_arm64_minos_is_refused_with_why(
     section = '[minos.arm64]\nkernel = "vmlinuz-arm64"\ninitrd = "initrd-arm64"\n'
     config.path.write_text(text.replace(section, ""))
     service = make_service(replace(load(config.path), minos=replace(config.minos, arm64=None)))
+    boot.quiet.end("unbootable firmware")  # a fresh window: earlier modules' refusals used it
     with caplog.at_level(logging.WARNING, "layerpy.dhcp"):
         assert answer(service, request(dhcp.DISCOVER, **ARM64)) is None
         assert answer(service, request(dhcp.DISCOVER, **UEFI)) is not None  # x86 boots on
