@@ -19,7 +19,7 @@ import pytest
 from layerpy.budget import plan
 from layerpy.config import Config
 from layerpy.files import revision
-from layerpy.proto.agent import FILES_PATH, PROTOCOL, Answer, FilesSpec, encode
+from layerpy.proto.agent import FILES_PATH, PROTOCOL, Answer, BeatOffer, FilesSpec, encode
 
 from netns import Netns
 from oci import build_image
@@ -128,8 +128,10 @@ def test_kernel_initrd_and_timeline(host: Host, tmp_path: Path) -> None:
         assert code == 200 and body == (tmp_path / path).read_text()
     code, partial = curl(host, "-r", "0-6", f"{BASE}/minos/kernel")
     assert code == 206 and partial == "vmlinuz"
-    answer = Answer(node="cn001", heartbeat=2.0, files=FilesSpec(revision([]), ()))  # none
-    assert report(host, token=token) == (200, encode(answer))
+    code, said = report(host, token=token)
+    offer = BeatOffer(8080, said.get("beat", {}).get("key", ""))  # this boot's, made at random
+    answer = Answer(node="cn001", heartbeat=2.0, files=FilesSpec(revision([]), ()), beat=offer)
+    assert (code, said) == (200, encode(answer))
     assert report(host, token=token, event="heartbeat", seq=2)[0] == 200
     node = json.loads(api(host, "/api/v1/nodes/cn001")[1])
     assert node["run_state"] == "ready"
