@@ -21,6 +21,7 @@ import re
 import time
 
 from aiohttp import hdrs
+from aiohttp.base_protocol import BaseProtocol
 from aiohttp.helpers import rfc822_formatted_time
 from aiohttp.http import (
     SERVER_SOFTWARE,
@@ -61,13 +62,19 @@ class ScriptShortcut:
     def __init__(self, app: Application) -> None:
         self.booter, self.stats, self.log_requests = app[BOOTER], app[STATS], app[LOG_REQUESTS]
         self.loop = asyncio.get_running_loop()
+        # what the parser calls for a body's or an upgrade's flow control (no transport:
+        # nothing to pause; such a request is declined anyway)
+        self.unconnected = BaseProtocol(self.loop)
 
     def __call__(self, data: bytes, remote: str) -> tuple[bytes, bool] | None:
         started = time.perf_counter()
-        # one whole request, nothing after it: its head ends with the segment (no body)
-        if len(data) > LONGEST or data.find(b"\r\n\r\n") != len(data) - 4:
+        if (  # one whole GET, nothing after it: its head ends with the segment (no body)
+            not data.startswith(b"GET ")
+            or len(data) > LONGEST
+            or data.find(b"\r\n\r\n") != len(data) - 4
+        ):
             return None
-        parser = HttpRequestParser(self, self.loop, 2**16, **LIMITS)  # type: ignore[arg-type]
+        parser = HttpRequestParser(self.unconnected, self.loop, 2**16, **LIMITS)
         try:
             messages, upgraded, tail = parser.feed_data(data)
         except HttpProcessingError:
