@@ -50,10 +50,13 @@ def request(
     target: str = "/boot/cn001.ipxe",
     method: str = "GET",
     version: str = "HTTP/1.1",
-    headers: tuple[str, ...] = ("Host: 127.0.0.1",),
+    headers: tuple[str, ...] = (),
     body: bytes = b"",
+    host: str = "Host: 127.0.0.1",
 ) -> bytes:
-    head = "".join(f"{line}\r\n" for line in (f"{method} {target} {version}", *headers))
+    """A request with Host (HTTP/1.1 needs it: aiohttp answers 400 without) and `headers`."""
+    lines = (f"{method} {target} {version}", *([host] if host else []), *headers)
+    head = "".join(f"{line}\r\n" for line in lines)
     return head.encode() + b"\r\n" + body
 
 
@@ -76,9 +79,10 @@ def generated() -> list[Case]:
     for version in ["HTTP/1.0", "HTTP/0.9", "HTTP/1.2", "HTTP/2.0", "HTTP/1", "http/1.1"]:
         cases.append(Case(CN001, (request(version=version),)))
     headers = [(), ("Connection: close",), ("Connection: keep-alive",), ("Connection: Close",),
-               ("Connection: upgrade", "Upgrade: websocket"), ("Expect: 100-continue",),
+               ("Connection: upgrade", "Upgrade: websocket"),
+               ("Connection: Upgrade", "Upgrade: h2c"), ("Expect: 100-continue",),
                ("Expect: nothing",), ("Content-Length: 0",), ("Content-Length: 5",),
-               ("Transfer-Encoding: chunked",), ("Host: a", "Host: b"), ("Accept-Encoding: gzip",),
+               ("Transfer-Encoding: chunked",), ("Host: b",), ("Accept-Encoding: gzip",),
                ("X: " + "y" * 9000,), ("X-Folded: a\r\n b",), ("Bad Header: x",), ("NoColon",),
                ("Connection: keep-alive, close",), ("Content-Length: -1",),
                tuple(f"X-{n}: {n}" for n in range(130))]  # fmt: skip
@@ -86,6 +90,8 @@ def generated() -> list[Case]:
         for extra in headers:
             cases.append(Case(CN001, (request(version=version, headers=extra),)))
     cases += [
+        Case(CN001, (request(host=""),)),
+        Case(CN001, (request(version="HTTP/1.0", host=""),)),
         Case(CN001, (request(headers=("Content-Length: 5",), body=b"hello"),)),
         Case(CN001, (request(headers=("Transfer-Encoding: chunked",), body=b"0\r\n\r\n"),)),
         Case(CN001, (IPXE + IPXE,)),  # pipelined

@@ -8,7 +8,7 @@ holds one whole GET of /boot/NAME.ipxe, no body, from the node's own address. Th
 is parsed by aiohttp's own parser (the one its handler would use, with the same limits),
 answered with the bytes aiohttp would send, and counted and logged as the ``profile``
 middleware would. Anything else (a partial or pipelined request, another method or path,
-an Expect or Upgrade, a refusal, a cluster's script that waits for etcd) is declined,
+an Expect or an upgrade, a refusal, a cluster's script that waits for etcd) is declined,
 and the connection goes to aiohttp from that segment on, as if it had come in then: the
 general path answers it, and it stays the reference (tests/unit/test_shortcut.py
 feeds both generated and fuzzed requests and requires the same answers).
@@ -86,7 +86,6 @@ class ScriptShortcut:
             message.method != "GET"
             or message.version not in (HttpVersion10, HttpVersion11)
             or payload is not EMPTY_PAYLOAD
-            or message.upgrade
             or hdrs.EXPECT in message.headers
             or (target := TARGET.fullmatch(message.path)) is None
         ):
