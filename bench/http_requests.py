@@ -11,7 +11,7 @@ kept-alive connection. A round does each case for both servers, alternating whic
 first. The figures: each server process's CPU (user + system, from /proc/PID/stat) in µs
 per request, the median over rounds; latency p50/p99 over every request of every round,
 from connect to last byte; and layerpy/nginx for the CPU.
-Run as root: `.venv/bin/python bench/http_requests.py [--rounds 5] [--requests 2000]`.
+Run as root: `.venv/bin/python bench/http_requests.py [--rounds 5] [--requests 4000]`.
 """
 
 from __future__ import annotations
@@ -176,6 +176,6 @@ def show(size: int, rounds: int, requests: int, cpu: dict, latency: dict) -> Non
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="(default 5)")
-    parser.add_argument("--requests", type=int, default=2000, help="per case (default 2000)")
+    parser.add_argument("--requests", type=int, default=4000, help="per case (default 4000)")
     args = parser.parse_args()
     main(args.rounds, args.requests)
