@@ -13,13 +13,13 @@ import os
 import random
 import re
 import socket
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import pytest
-from aiohttp import web
 
 from layerpy.server import Server, local_backend
 from layerpy.services import listeners
@@ -140,25 +140,39 @@ class Counted(ScriptShortcut):
         return answer
 
 
-@asynccontextmanager
-async def listening(
-    make_config,
-) -> AsyncIterator[tuple[Server, web.Application, int, int, Counted]]:
+@dataclass
+class Rig:
     """The boot app behind two listeners on 127.0.0.1: its general path, and the shortcut."""
+
+    server: Server
+    general: int  # the ports
+    fast: int
+    shortcut: Counted
+    admission: listeners.Admission  # the fast listener's
+
+    def transports(self) -> list[asyncio.Transport]:
+        """The fast listener's connections."""
+        held = [getattr(connection, "transport", None) for connection in self.admission.held]
+        return [transport for transport in held if transport is not None]
+
+
+@asynccontextmanager
+async def listening(make_config) -> AsyncIterator[Rig]:
     config = make_config(server="127.0.0.1", interface="lo", extra=SECURE)
     server = Server(config, local_backend(config))
     app = build_app(server.policy, server.stats, server.lifecycle, server.catalog,
                     log_requests=True)  # fmt: skip
     runner = await listeners.runner(app)
     shortcut = Counted(app)
-    ports = []
+    ports, admission = [], None
     try:
         for fast in (None, shortcut):
             admission = listeners.Admission("boot HTTP", total=5000, per_address=5000)
             site = listeners.AdmittedSite(runner, "127.0.0.1", 0, admission, shortcut=fast)
             await site.start()
             ports.append(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
-        yield server, app, ports[0], ports[1], shortcut
+        assert admission is not None
+        yield Rig(server, ports[0], ports[1], shortcut, admission)
     finally:
         await runner.cleanup()
         await server.close()
@@ -247,16 +261,17 @@ def test_the_shortcut_answers_as_the_general_path(make_config, kind: str) -> Non
     cases = generated() if kind == "generated" else fuzzed(FUZZ)
 
     async def compare() -> None:
-        async with listening(make_config) as (server, _, general, fast, shortcut):
-            expected = await run_all(server, general, cases)
-            assert shortcut.answered == 0
-            got = await run_all(server, fast, cases)
+        async with listening(make_config) as rig:
+            expected = await run_all(rig.server, rig.general, cases)
+            assert rig.shortcut.answered == 0
+            got = await run_all(rig.server, rig.fast, cases)
+            answered = rig.shortcut.answered
         for case, want, have in zip(cases, expected[0], got[0], strict=True):
             assert have == want, f"{case}: the shortcut answered\n{have}\nthe general path\n{want}"
         assert got[1:] == expected[1:], "metrics, request-log lines or new boots differ"
         answered_ok = sum(data.startswith(b"HTTP/1.1 200") for data, _ in expected[0])
-        assert shortcut.answered >= (10 if kind == "generated" else 1), (
-            f"the shortcut answered {shortcut.answered} of {answered_ok} scripts"
+        assert answered >= (10 if kind == "generated" else 1), (
+            f"the shortcut answered {answered} of {answered_ok} scripts"
         )
 
     asyncio.run(compare())
@@ -270,12 +285,12 @@ def test_a_kept_connection_lives_idle_timeout_past_its_last_answer(
     monkeypatch.setattr(listeners, "IDLE_TIMEOUT", 1.0)
 
     async def check() -> None:
-        async with listening(make_config) as (_, _, _, fast, shortcut):
+        async with listening(make_config) as rig:
             loop = asyncio.get_running_loop()
             sock = socket.socket()
             sock.bind((CN001, 0))
             sock.setblocking(False)
-            await loop.sock_connect(sock, ("127.0.0.1", fast))
+            await loop.sock_connect(sock, ("127.0.0.1", rig.fast))
             reader, writer = await asyncio.open_connection(sock=sock)
             began = loop.time()
             for _ in range(3):  # answers 0.6 s apart: 1.2 s after the connection, still open
@@ -287,9 +302,43 @@ def test_a_kept_connection_lives_idle_timeout_past_its_last_answer(
                 with pytest.raises(TimeoutError):
                     await asyncio.wait_for(reader.read(1), 0.6)
             assert loop.time() - began > 1.5
-            assert shortcut.answered == 3
+            assert rig.shortcut.answered == 3
             assert await asyncio.wait_for(reader.read(1), 5) == b"", "never closed"
             assert loop.time() - last >= 1.0
             writer.close()
+
+    asyncio.run(check())
+
+
+def test_a_client_that_takes_no_answers_is_not_read_from(make_config) -> None:
+    """Answers the shortcut writes wait in the transport when the client takes none: past
+    its high-water mark the connection is not read any more (no more requests, no more
+    answers piling up), as aiohttp's own handler would pause. The client sends iPXE's
+    request a segment at a time, each once the last was answered, and never reads."""
+    sent = 8_000  # ~10 MB of answers: more than the sockets' buffers hold
+
+    async def check() -> None:
+        async with listening(make_config) as rig:
+
+            def flood(sock: socket.socket) -> int:
+                """Requests sent until one is not answered within 2 s."""
+                for number in range(sent):
+                    sock.sendall(IPXE)
+                    deadline = time.monotonic() + 2
+                    while rig.shortcut.answered <= number:
+                        if time.monotonic() > deadline:
+                            return number
+                        time.sleep(0.0005)
+                return sent
+
+            with socket.socket() as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.bind((CN001, 0))
+                sock.connect(("127.0.0.1", rig.fast))
+                answered = await asyncio.to_thread(flood, sock)
+                held = max(transport.get_write_buffer_size() for transport in rig.transports())
+            assert answered < sent, "the server read every request of a client that took none"
+            assert held < 1024 * 1024, f"{held} bytes of answers held for the client"
 
     asyncio.run(check())
