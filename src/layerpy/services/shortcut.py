@@ -41,7 +41,7 @@ LIMITS = {"max_line_size": 8190, "max_field_size": 8190, "max_headers": 128}  # 
 # the route's names without the characters a URL may encode: here the raw path is the path
 TARGET = re.compile(r"/boot/([A-Za-z0-9_.-]+)\.ipxe")
 KIND = f"GET {SCRIPT_ROUTE}"  # the metrics' kind, as the profile middleware names it
-HEAD = (
+RESPONSE_HEAD = (
     "HTTP/1.{minor} 200 OK\r\n"
     "Content-Type: text/plain; charset=utf-8\r\n"
     "Content-Length: {length}\r\n"
@@ -95,8 +95,8 @@ class ScriptShortcut:
             return None
         body, close = script.encode(), message.should_close
         connection = CONNECTION.get((message.version == HttpVersion11, close), "")
-        head = HEAD.format(minor=message.version.minor, length=len(body),
-                           date=rfc822_formatted_time(), connection=connection)  # fmt: skip
+        head = RESPONSE_HEAD.format(minor=message.version.minor, length=len(body),
+                                    date=rfc822_formatted_time(), connection=connection)  # fmt: skip
         elapsed = time.perf_counter() - started
         self.stats.observe("http", KIND, elapsed)
         if self.log_requests:
