@@ -95,8 +95,12 @@ class ScriptShortcut:
             return None
         body, close = script.encode(), message.should_close
         connection = CONNECTION.get((message.version == HttpVersion11, close), "")
-        head = RESPONSE_HEAD.format(minor=message.version.minor, length=len(body),
-                                    date=rfc822_formatted_time(), connection=connection)  # fmt: skip
+        head = RESPONSE_HEAD.format(
+            minor=message.version.minor,
+            length=len(body),
+            date=rfc822_formatted_time(),
+            connection=connection,
+        )
         elapsed = time.perf_counter() - started
         self.stats.observe("http", KIND, elapsed)
         if self.log_requests:
