@@ -10,8 +10,15 @@ from pathlib import Path
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU of a process (all its threads) and of its reaped children."""
+    return sum(cpu_split(pid))
+
+
+def cpu_split(pid: int) -> tuple[float, float]:
+    """cpu_seconds, as user and system time."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(tick) for tick in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    user, system, children_user, children_system = (int(tick) for tick in fields[11:15])
+    tick = os.sysconf("SC_CLK_TCK")
+    return (user + children_user) / tick, (system + children_system) / tick
 
 
 def nginx_config(directory: Path, server: str, connections: int) -> Path:

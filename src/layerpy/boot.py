@@ -202,6 +202,7 @@ class Booter(Protocol):
     def lasting(self, verdict: Verdict) -> bool: ...
 
     async def script(self, name: str, remote: str) -> str | None: ...
+    def script_now(self, name: str, remote: str) -> str | None: ...
     async def loader_file(self, name: str, remote: str) -> bytes | Path | None: ...
     def discovery_script(self, mac: str, remote: str) -> str | None: ...
     def fetched(self, remote: str, phase: Phase) -> None: ...
@@ -724,6 +725,28 @@ class BootPolicy:
         """The iPXE script that loads the minOS with a fresh boot token, for node `name`
         asking from `remote` (None: no such node; Refused: `remote` is not its address;
         SignedOnly: the node boots by the signed path only)."""
+        node = self._scripted(name, remote)
+        if node is None:
+            return None
+        return self._script(node.name, node_arch(node), await self._boot_cmdline(node))
+
+    def script_now(self, name: str, remote: str) -> str | None:
+        """script(), when it is ready at once and given: the boot listener's shortcut. None
+        where script() would refuse, find no node, or wait (a cluster's token goes to etcd
+        first): the general path then answers, and says why."""
+        if self._shared:
+            return None
+        try:
+            node = self._scripted(name, remote)
+        except (Refused, SignedOnly):
+            return None
+        if node is None:
+            return None
+        return self._script(node.name, node_arch(node), self._new_cmdline(node))
+
+    def _scripted(self, name: str, remote: str) -> Node | None:
+        """The node whose script `remote` may have (None: no such node; Refused, SignedOnly
+        as for script)."""
         node = self.nodes.nodes.get(name)
         if node is None:
             return None
@@ -732,7 +755,7 @@ class BootPolicy:
             raise Refused(str(address or "the address it shows the ProxyDHCP server (none yet)"))
         if node.config.secure_boot:
             raise SignedOnly(name)
-        return self._script(node.name, node_arch(node), await self._boot_cmdline(node))
+        return node
 
     async def grub_config(self, remote: str) -> str | None:
         """The GRUB config that loads the minOS with the boot's token, for the node at
@@ -874,12 +897,9 @@ class BootPolicy:
         return cmdline
 
     async def _boot_cmdline(self, node: Node) -> str:
-        """A new boot token for `node`, and the minOS command line that carries it. In a
-        cluster it is returned once the token is in etcd (TOKEN_WAIT at most): the agent
-        says hello to the node's owner, which may be another instance."""
-        token = self.nodes.issue_token(node)
-        mac = node.mac or node.config.mac or ""
-        cmdline = self._cmdline(node.name, token, mac, node.config.persist_disk or "")
+        """_new_cmdline; in a cluster, returned once the token is in etcd (TOKEN_WAIT at
+        most): the agent says hello to the node's owner, which may be another instance."""
+        cmdline = self._new_cmdline(node)
         if self._shared:
             try:
                 await asyncio.wait_for(self.backend.written(TOKENS, node.name), TOKEN_WAIT)
@@ -887,6 +907,12 @@ class BootPolicy:
                 quiet.log("token not in etcd", logging.WARNING, "%s: its boot token is not in "
                           "etcd after %g s; it goes anyway", node.name, TOKEN_WAIT)  # fmt: skip
         return cmdline
+
+    def _new_cmdline(self, node: Node) -> str:
+        """A new boot token for `node`, and the minOS command line that carries it."""
+        token = self.nodes.issue_token(node)
+        mac = node.mac or node.config.mac or ""
+        return self._cmdline(node.name, token, mac, node.config.persist_disk or "")
 
     def _cmdline(self, name: str, token: str, mac: str, persist: str = "") -> str:
         """The minOS kernel's command line: the node file's [minos] cmdline, then layerpy's

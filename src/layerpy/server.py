@@ -43,6 +43,7 @@ from layerpy.services.api import build_api
 from layerpy.services.beats import BEAT_TAKEN, BeatListener, Beats
 from layerpy.services.dhcp import Neighbours, start_dhcp
 from layerpy.services.http import build_app
+from layerpy.services.shortcut import ScriptShortcut
 from layerpy.services.tftp import TftpBudget, accounting, start_tftp
 from layerpy.stats import Stats
 
@@ -361,8 +362,9 @@ class Server:
                         log_requests=server.log_requests)  # fmt: skip
         runner = await self._serve_app(app)
         await listeners.AdmittedSite(
-            runner, str(server.address), server.http_port, admission, service="HTTP"
-        ).start()
+            runner, str(server.address), server.http_port, admission, service="HTTP",
+            shortcut=ScriptShortcut(app),
+        ).start()  # fmt: skip
         log.info("http for the boot network on %s", server.url)
         if beats is not None:
             self._closers.append(BeatListener(beats, str(server.address)))

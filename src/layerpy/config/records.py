@@ -84,7 +84,7 @@ class ServerConfig:
     send_timeout: float = 60.0  # seconds a file transfer may find no room to send (nginx's)
     beat_port: int = 8080  # UDP port of datagram heartbeats (by default http_port's); 0: off
 
-    @property
+    @cached_property  # in every boot script three times: formatting the address is not free
     def url(self) -> str:
         return f"http://{self.address}:{self.http_port}"
 

@@ -73,6 +73,7 @@ TRANSFERS = 64  # files sent at once; the others wait their turn (a storm queues
 CHUNK = 256 * 1024  # bytes read at a time where sendfile cannot go (TLS)
 IMAGE_FILES = ("rootfs.tar", "rootfs.squashfs", "config.json")
 METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
+SCRIPT_ROUTE = "/boot/{name}.ipxe"  # also answered by services.shortcut
 
 
 def share(
@@ -107,7 +108,7 @@ def build_app(
     app[BEATS] = beats
     app.add_routes(
         [
-            web.get("/boot/{name}.ipxe", boot_script),
+            web.get(SCRIPT_ROUTE, boot_script),
             web.get("/boot/discover/{mac}.ipxe", discovery_script),
             web.get("/ipxe/{file}", ipxe_file),
             *(web.get(f"/{name}", minos_file) for name in MINOS_FILES),

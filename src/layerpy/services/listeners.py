@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from aiohttp import http_exceptions, web
 
@@ -39,6 +39,8 @@ quiet = Throttle(log)
 IDLE_TIMEOUT = 15.0  # seconds a connection may sit without a complete request
 BACKLOG = 4096  # handshakes queued for accept() (the kernel caps it at net.core.somaxconn)
 PER_ADDRESS_CAP = "http per-address cap"  # the log's kind for an address over its cap
+# answers a segment at once (response bytes, close after) or declines it (None)
+Shortcut = Callable[[bytes, str], tuple[bytes, bool] | None]
 
 
 class Held(Protocol):
@@ -173,15 +175,27 @@ class _Admitted(asyncio.Protocol):
     sends nothing, shed and refilled thousands of times a second, then costs a socket
     and a timer each, not a handler and its task (that work, under such a crowd, held
     a node's answer for most of a second). The timer closes a connection that sends
-    nothing within IDLE_TIMEOUT, as aiohttp's keep-alive timeout would have."""
+    nothing within IDLE_TIMEOUT, as aiohttp's keep-alive timeout would have.
 
-    def __init__(self, make_handler: Callable[[], asyncio.Protocol], admission: Admission) -> None:
+    With a `shortcut` (services.shortcut), segments it answers never reach aiohttp: the
+    handler is made at the first one it declines, which it then gets as a first byte.
+    Until then the timer closes the connection IDLE_TIMEOUT after its last answer, and a
+    client that takes no answers (the transport's buffer full) is not read from."""
+
+    def __init__(
+        self,
+        make_handler: Callable[[], asyncio.Protocol],
+        admission: Admission,
+        shortcut: Shortcut | None = None,
+    ) -> None:
         self.make_handler = make_handler
         self.admission = admission
+        self.shortcut = shortcut
         self.address = ""
-        self.transport: asyncio.BaseTransport | None = None  # once admitted, until lost
+        self.transport: asyncio.Transport | None = None  # once admitted, until lost
         self.inner: asyncio.Protocol | None = None  # aiohttp's handler, from the first byte
         self.timer: asyncio.TimerHandle | None = None
+        self.answered = 0.0  # loop time of the last shortcut answer (or the connection)
 
     def idle(self) -> bool:
         return self.inner is None or not in_request(self.inner)
@@ -195,23 +209,49 @@ class _Admitted(asyncio.Protocol):
         if not admitted:
             transport.abort()
             return
-        self.transport = transport
-        self.timer = asyncio.get_running_loop().call_later(IDLE_TIMEOUT, self.shed)
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        loop = asyncio.get_running_loop()
+        self.answered = loop.time()
+        self.timer = loop.call_later(IDLE_TIMEOUT, self._expire)
 
     def shed(self) -> None:
         """Close at once: the descriptor is free on the loop's next turn."""
         if self.transport is not None:
             self.transport.abort()
 
+    def _expire(self) -> None:
+        """IDLE_TIMEOUT without a request since the connection or the last answer."""
+        loop = asyncio.get_running_loop()
+        if (left := self.answered + IDLE_TIMEOUT - loop.time()) > 0:
+            self.timer = loop.call_later(left, self._expire)
+        else:
+            self.shed()
+
     def data_received(self, data: bytes) -> None:
         if self.inner is None:
             if self.transport is None:
+                return
+            if self.shortcut is not None and self._answer(self.transport, data):
                 return
             if self.timer is not None:
                 self.timer.cancel()
             self.inner = self.make_handler()
             self.inner.connection_made(self.transport)
         self.inner.data_received(data)
+
+    def _answer(self, transport: asyncio.Transport, data: bytes) -> bool:
+        """Whether the shortcut answered `data` (else aiohttp is to have it)."""
+        assert self.shortcut is not None
+        answer = self.shortcut(data, self.address)
+        if answer is None:
+            return False
+        response, close = answer
+        transport.write(response)
+        if close:
+            transport.close()
+        else:
+            self.answered = asyncio.get_running_loop().time()
+        return True
 
     def eof_received(self) -> bool | None:
         return self.inner.eof_received() if self.inner is not None else None
@@ -230,10 +270,14 @@ class _Admitted(asyncio.Protocol):
     def pause_writing(self) -> None:
         if self.inner is not None:
             self.inner.pause_writing()
+        elif self.transport is not None:  # the shortcut's answers pile up: no more requests
+            self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         if self.inner is not None:
             self.inner.resume_writing()
+        elif self.transport is not None:
+            self.transport.resume_reading()
 
 
 class AdmittedSite(web.BaseSite):
@@ -247,10 +291,12 @@ class AdmittedSite(web.BaseSite):
         admission: Admission,
         ssl_context: ssl.SSLContext | None = None,
         service: str = "HTTP",
+        shortcut: Shortcut | None = None,
     ) -> None:
         super().__init__(runner, ssl_context=ssl_context)
         self.host, self.port, self.admission = host, port, admission
         self.service = service  # what a failed bind says could not listen
+        self.shortcut = shortcut  # answers what it can before aiohttp (_Admitted)
 
     @property
     def name(self) -> str:
@@ -266,7 +312,7 @@ class AdmittedSite(web.BaseSite):
         handshake = {"ssl_handshake_timeout": IDLE_TIMEOUT} if self._ssl_context else {}
         try:
             self._server = await asyncio.get_running_loop().create_server(
-                lambda: _Admitted(handlers, self.admission),
+                lambda: _Admitted(handlers, self.admission, self.shortcut),
                 self.host,
                 self.port,
                 ssl=self._ssl_context,

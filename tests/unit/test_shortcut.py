@@ -1,0 +1,344 @@
+"""The boot script's shortcut (services.shortcut) answers exactly as the general path:
+the same requests, generated and fuzzed, sent to the boot app behind a listener without
+the shortcut and behind one with it, get the same bytes back (the Date and the fresh boot
+token aside), the same closing of the connection, the same new boots, metrics and
+request-log lines. In process, on loopback: the boot app of a real Server's policy, the
+client bound to the nodes' own addresses (127.0.0.11 is cn001's)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import re
+import socket
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import pytest
+
+from layerpy.server import Server, local_backend
+from layerpy.services import listeners
+from layerpy.services.http import build_app
+from layerpy.services.shortcut import ScriptShortcut
+from layerpy.stats import Stats
+
+CN001, CN002, SB001 = "127.0.0.11", "127.0.0.12", "127.0.0.13"
+SECURE = f"""
+[groups.secure]
+nodes = "sb001"
+ip = "{SB001}"
+mac = ["52:54:00:99:00:13"]
+secure_boot = true
+"""
+SETTLE = 0.3  # seconds an answer (or the connection's end) may take to come
+FUZZ = int(os.environ.get("LAYERPY_FUZZ_EXAMPLES", "300"))
+IPXE = b"GET /boot/cn001.ipxe HTTP/1.1\r\nConnection: keep-alive\r\nUser-Agent: iPXE/1.21.1+\r\nHost: 127.0.0.1:8080\r\n\r\n"
+
+
+@dataclass(frozen=True)
+class Case:
+    source: str  # the client's address
+    segments: tuple[bytes, ...]  # sent one after another, a moment apart
+
+
+def request(
+    target: str = "/boot/cn001.ipxe",
+    method: str = "GET",
+    version: str = "HTTP/1.1",
+    headers: tuple[str, ...] = (),
+    body: bytes = b"",
+    host: str = "Host: 127.0.0.1",
+) -> bytes:
+    """A request with Host (HTTP/1.1 needs it: aiohttp answers 400 without) and `headers`."""
+    lines = (f"{method} {target} {version}", *([host] if host else []), *headers)
+    head = "".join(f"{line}\r\n" for line in lines)
+    return head.encode() + b"\r\n" + body
+
+
+def generated() -> list[Case]:
+    """Each way a request may differ from iPXE's, one at a time, and some together."""
+    cases = [
+        Case(CN001, (IPXE,)),
+        Case(CN002, (IPXE,)),
+        Case(SB001, (request("/boot/sb001.ipxe"),)),
+    ]
+    targets = ["/boot/cn001.ipxe", "/boot/cn002.ipxe", "/boot/nobody.ipxe", "/boot/cn%30%301.ipxe",
+               "/boot/cn001.ipxe?x=1", "/boot/cn001.ipxe#x", "/boot//cn001.ipxe", "/boot/cn001.IPXE",
+               "http://127.0.0.1/boot/cn001.ipxe", "/boot/.ipxe", "/boot/cn001.ipxe/", "*",
+               "/boot/discover/52:54:00:99:00:11.ipxe", "/BOOT/cn001.ipxe", "/boot/sb001.ipxe",
+               "/boot/cn001.ipxe.ipxe", "/minos/kernel", "/boot/" + "a" * 9000 + ".ipxe"]  # fmt: skip
+    for target in targets:
+        cases.append(Case(CN001, (request(target),)))
+    for method in ["HEAD", "POST", "PUT", "get", "OPTIONS", "DELETE", "BREW", "CONNECT"]:
+        cases.append(Case(CN001, (request(method=method),)))
+    for version in ["HTTP/1.0", "HTTP/0.9", "HTTP/1.2", "HTTP/2.0", "HTTP/1", "http/1.1"]:
+        cases.append(Case(CN001, (request(version=version),)))
+    headers = [(), ("Connection: close",), ("Connection: keep-alive",), ("Connection: Close",),
+               ("Connection: upgrade", "Upgrade: websocket"),
+               ("Connection: Upgrade", "Upgrade: h2c"), ("Expect: 100-continue",),
+               ("Expect: nothing",), ("Content-Length: 0",), ("Content-Length: 5",),
+               ("Transfer-Encoding: chunked",), ("Host: b",), ("Accept-Encoding: gzip",),
+               ("X: " + "y" * 9000,), ("X-Folded: a\r\n b",), ("Bad Header: x",), ("NoColon",),
+               ("Connection: keep-alive, close",), ("Content-Length: -1",),
+               tuple(f"X-{n}: {n}" for n in range(130))]  # fmt: skip
+    for version in ["HTTP/1.1", "HTTP/1.0"]:
+        for extra in headers:
+            cases.append(Case(CN001, (request(version=version, headers=extra),)))
+    cases += [
+        Case(CN001, (request(host=""),)),
+        Case(CN001, (request(version="HTTP/1.0", host=""),)),
+        Case(CN001, (request(headers=("Content-Length: 5",), body=b"hello"),)),
+        Case(CN001, (request(headers=("Transfer-Encoding: chunked",), body=b"0\r\n\r\n"),)),
+        Case(CN001, (IPXE + IPXE,)),  # pipelined
+        Case(CN001, (IPXE, IPXE, request(headers=("Connection: close",)))),  # kept alive
+        Case(CN001, (IPXE, request("/minos/kernel"), IPXE)),  # to aiohttp, midway
+        Case(CN001, (IPXE[:20], IPXE[20:])),  # a request in two segments
+        Case(CN001, (b"\r\n" + IPXE,)),
+        Case(CN001, (IPXE[:-2],)),  # never finished
+        Case(CN001, (b"",)),
+        Case(CN001, (b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03",)),  # TLS
+        Case(CN002, (request("/boot/cn002.ipxe"),)),  # another address's
+    ]
+    return cases
+
+
+def fuzzed(count: int, seed: int = 29) -> list[Case]:
+    """iPXE's request with bytes flipped, dropped, doubled or inserted."""
+    rng = random.Random(seed)
+    alphabet = b" :/\r\n\t.%?#01aAzZ\x00\x7f\xff-_HTTPGET"
+    cases = []
+    for _ in range(count):
+        data = bytearray(IPXE)
+        for _ in range(rng.randint(1, 4)):
+            at = rng.randrange(len(data))
+            what = rng.randrange(4)
+            if what == 0:
+                data[at] = rng.choice(alphabet)
+            elif what == 1:
+                del data[at]
+            elif what == 2:
+                data[at:at] = data[at : at + rng.randint(1, 8)]
+            else:
+                data.insert(at, rng.choice(alphabet))
+        cases.append(Case(rng.choice([CN001, CN001, CN002]), (bytes(data),)))
+    return cases
+
+
+class Counted(ScriptShortcut):
+    """The shortcut, counting what it answered (to show the comparison exercised it)."""
+
+    answered = 0
+
+    def __call__(self, data: bytes, remote: str) -> tuple[bytes, bool] | None:
+        answer = super().__call__(data, remote)
+        self.answered += answer is not None
+        return answer
+
+
+@dataclass
+class Rig:
+    """The boot app behind two listeners on 127.0.0.1: its general path, and the shortcut."""
+
+    server: Server
+    general: int  # the ports
+    fast: int
+    shortcut: Counted
+    admission: listeners.Admission  # the fast listener's
+
+    def transports(self) -> list[asyncio.Transport]:
+        """The fast listener's connections."""
+        held = [getattr(connection, "transport", None) for connection in self.admission.held]
+        return [transport for transport in held if transport is not None]
+
+
+@asynccontextmanager
+async def listening(make_config) -> AsyncIterator[Rig]:
+    config = make_config(server="127.0.0.1", interface="lo", extra=SECURE)
+    server = Server(config, local_backend(config))
+    app = build_app(server.policy, server.stats, server.lifecycle, server.catalog,
+                    log_requests=True)  # fmt: skip
+    runner = await listeners.runner(app)
+    shortcut = Counted(app)
+    ports, admission = [], None
+    try:
+        for fast in (None, shortcut):
+            admission = listeners.Admission("boot HTTP", total=5000, per_address=5000)
+            site = listeners.AdmittedSite(runner, "127.0.0.1", 0, admission, shortcut=fast)
+            await site.start()
+            ports.append(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+        assert admission is not None
+        yield Rig(server, ports[0], ports[1], shortcut, admission)
+    finally:
+        await runner.cleanup()
+        await server.close()
+
+
+async def exchange(port: int, case: Case) -> tuple[bytes, bool]:
+    """What the server sent back, and whether it closed the connection."""
+    sock = socket.socket()
+    sock.bind((case.source, 0))
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    received, closed = b"", False
+    try:
+        for segment in case.segments:
+            writer.write(segment)
+            await writer.drain()
+            try:
+                async with asyncio.timeout(SETTLE):
+                    while chunk := await reader.read(65536):
+                        received += chunk
+                    closed = True
+            except TimeoutError:
+                pass
+            except ConnectionError:
+                closed = True
+            if closed:
+                break
+    finally:
+        writer.close()
+    return received, closed
+
+
+def normal(answer: bytes) -> bytes:
+    answer = re.sub(rb"Date: [^\r]*\r\n", b"Date: -\r\n", answer)
+    return re.sub(rb"layerpy\.token=\S+", b"layerpy.token=-", answer)
+
+
+def http_metrics(stats: Stats) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for (subsystem, kind), series in stats.series.items():
+        if subsystem == "http":
+            counts[f"{kind} requests"] += series.requests
+            counts[f"{kind} failures"] += series.failures
+    return counts
+
+
+class Lines(logging.Handler):
+    """The per-request debug lines (log_requests), without their times."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: Counter[str] = Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if re.search(r" -> \d+ in [\d.]+ ms$", message):
+            self.lines[re.sub(r" in [\d.]+ ms$", "", message)] += 1
+
+
+async def run_all(
+    server: Server, port: int, cases: list[Case]
+) -> tuple[list, Counter, Counter, int]:
+    """Each case's normal answer, and what the server counted, logged and booted."""
+    before, boots = http_metrics(server.stats), sum(n.boots for n in server.nodes.nodes.values())
+    lines = Lines()
+    logger = logging.getLogger("layerpy.http")
+    logger.addHandler(lines)
+    level, logger.level = logger.level, logging.DEBUG
+    try:
+        answers = []
+        for start in range(0, len(cases), 100):
+            batch = cases[start : start + 100]
+            answers += await asyncio.gather(*(exchange(port, case) for case in batch))
+    finally:
+        logger.removeHandler(lines)
+        logger.setLevel(level)
+    metrics = http_metrics(server.stats)
+    metrics.subtract(before)
+    booted = sum(n.boots for n in server.nodes.nodes.values()) - boots
+    return [(normal(data), closed) for data, closed in answers], metrics, lines.lines, booted
+
+
+@pytest.mark.parametrize("kind", ["generated", "fuzzed"])
+def test_the_shortcut_answers_as_the_general_path(make_config, kind: str) -> None:
+    cases = generated() if kind == "generated" else fuzzed(FUZZ)
+
+    async def compare() -> None:
+        async with listening(make_config) as rig:
+            expected = await run_all(rig.server, rig.general, cases)
+            assert rig.shortcut.answered == 0
+            got = await run_all(rig.server, rig.fast, cases)
+            answered = rig.shortcut.answered
+        for case, want, have in zip(cases, expected[0], got[0], strict=True):
+            assert have == want, f"{case}: the shortcut answered\n{have}\nthe general path\n{want}"
+        assert got[1:] == expected[1:], "metrics, request-log lines or new boots differ"
+        answered_ok = sum(data.startswith(b"HTTP/1.1 200") for data, _ in expected[0])
+        assert answered >= (10 if kind == "generated" else 1), (
+            f"the shortcut answered {answered} of {answered_ok} scripts"
+        )
+
+    asyncio.run(compare())
+
+
+def test_a_kept_connection_lives_idle_timeout_past_its_last_answer(
+    make_config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiohttp's keep-alive timeout, kept by the shortcut: measured from the last answer,
+    not from the connection."""
+    monkeypatch.setattr(listeners, "IDLE_TIMEOUT", 1.0)
+
+    async def check() -> None:
+        async with listening(make_config) as rig:
+            loop = asyncio.get_running_loop()
+            sock = socket.socket()
+            sock.bind((CN001, 0))
+            sock.setblocking(False)
+            await loop.sock_connect(sock, ("127.0.0.1", rig.fast))
+            reader, writer = await asyncio.open_connection(sock=sock)
+            began = loop.time()
+            for _ in range(3):  # answers 0.6 s apart: 1.2 s after the connection, still open
+                writer.write(IPXE)
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+                length = int(re.search(rb"Content-Length: (\d+)", head)[1])  # type: ignore[index]
+                await asyncio.wait_for(reader.readexactly(length), 5)
+                last = loop.time()
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(reader.read(1), 0.6)
+            assert loop.time() - began > 1.5
+            assert rig.shortcut.answered == 3
+            assert await asyncio.wait_for(reader.read(1), 5) == b"", "never closed"
+            assert loop.time() - last >= 1.0
+            writer.close()
+
+    asyncio.run(check())
+
+
+def test_a_client_that_takes_no_answers_is_not_read_from(make_config) -> None:
+    """Answers the shortcut writes wait in the transport when the client takes none: past
+    its high-water mark the connection is not read any more (no more requests, no more
+    answers piling up), as aiohttp's own handler would pause. The client sends iPXE's
+    request a segment at a time, each once the last was answered, and never reads."""
+    sent = 8_000  # ~10 MB of answers: more than the sockets' buffers hold
+
+    async def check() -> None:
+        async with listening(make_config) as rig:
+
+            def flood(sock: socket.socket) -> int:
+                """Requests sent until one is not answered within 2 s."""
+                for number in range(sent):
+                    sock.sendall(IPXE)
+                    deadline = time.monotonic() + 2
+                    while rig.shortcut.answered <= number:
+                        if time.monotonic() > deadline:
+                            return number
+                        time.sleep(0.0005)
+                return sent
+
+            with socket.socket() as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.bind((CN001, 0))
+                sock.connect(("127.0.0.1", rig.fast))
+                answered = await asyncio.to_thread(flood, sock)
+                held = max(transport.get_write_buffer_size() for transport in rig.transports())
+            assert answered < sent, "the server read every request of a client that took none"
+            assert held < 1024 * 1024, f"{held} bytes of answers held for the client"
+
+    asyncio.run(check())
