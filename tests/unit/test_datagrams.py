@@ -118,4 +118,5 @@ def test_shed_is_asked_with_how_long_each_datagram_waited() -> None:
 
     waits, handed = asyncio.run(main())
     assert handed == [b"new"]
-    assert len(waits) == 2 and waits[0] >= 0.3 > waits[1] >= -0.01, waits
+    # the new one waited 0.3 s less than the old, however late a busy machine ran the loop
+    assert len(waits) == 2 and waits[0] >= 0.3 and waits[0] - 0.29 > waits[1] >= -0.01, waits
