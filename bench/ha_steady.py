@@ -183,10 +183,11 @@ class Client:
     """bench/agents.py in the nodes' namespace; its last JSON lines."""
 
     def __init__(self, segment: Segment, listing: Path, servers: list[str], interval: float,
-                 boot_rate: float) -> None:  # fmt: skip
+                 boot_rate: float, *options: str) -> None:  # fmt: skip
+        """`options`: more of bench/agents.py's (`--protocol 1.3`, `--connect each`)."""
         command = ["taskset", "-c", CLIENT_CPU, str(PYTHON), str(AGENTS), "--nodes", str(listing),
                    "--servers", ",".join(servers), "--interval", f"{interval:g}",
-                   "--boot-rate", f"{boot_rate:g}"]  # fmt: skip
+                   "--boot-rate", f"{boot_rate:g}", *options]  # fmt: skip
         with (listing.parent / "agents.log").open("wb") as log:
             self.proc = segment.netns.popen(
                 command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log

@@ -185,7 +185,7 @@ FAMILIES = {
     "loop": Family(
         "event loop lag",
         "layerpy_event_loop_lag_seconds",
-        decades(5e-4, 1),
+        (*decades(5e-4, 0.01), 0.02, *decades(0.025, 1)),  # 20 ms: the pause allowed (scale.md)
         seconds_help="How late the event loop ran a timer: every DHCP answer waits as long.",
     ),
 }
