@@ -65,6 +65,7 @@ SERVER_CPU = "0"
 ADDRESS = ADDRESSES[0]
 NGINX_PORT = 8081
 LAG = "layerpy_event_loop_lag_seconds_bucket"
+GC = "layerpy_gc_pause_seconds_bucket"
 STALL = 0.020  # the goal: no pause of the event loop longer
 KINDS = {"1.4": ("--protocol", "1.4"), "1.3": ("--protocol", "1.3")}
 # what layerpy answers a heartbeat report of a node without an image, in size
@@ -81,21 +82,25 @@ def rss(pid: int) -> int:
 
 class Scraper:
     """/metrics of the server every `every` s (as Prometheus would) on its API socket; the
-    loop-lag bucket counts of the first and the last scrape of a window."""
+    bucket counts of the loop-lag and full-collection histograms at the first and the last
+    scrape of a window."""
+
+    HISTOGRAMS = {"lag": rf'^{LAG}{{le="([^"]+)"}} ([0-9.e+]+)$',
+                  "gc": rf'^{GC}{{generation="2",le="([^"]+)"}} ([0-9.e+]+)$'}  # fmt: skip
 
     def __init__(self, socket: Path, every: float) -> None:
         self.socket, self.every = socket, every
-        self.first: dict[float, float] | None = None
-        self.last: dict[float, float] = {}
+        self.first: dict[str, dict[float, float]] = {}
+        self.last: dict[str, dict[float, float]] = {}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def scrape(self) -> dict[float, float]:
+    def scrape(self) -> dict[str, dict[float, float]]:
         said = subprocess.run(["curl", "-sSf", "--max-time", "30", "--unix-socket",
                                str(self.socket), "http://layerpy/metrics"],
                               capture_output=True, text=True, check=True).stdout  # fmt: skip
-        buckets = re.findall(rf'^{LAG}{{le="([^"]+)"}} ([0-9.e+]+)$', said, re.M)
-        return {float(bound): float(count) for bound, count in buckets}
+        return {name: {float(bound): float(count) for bound, count in re.findall(rule, said, re.M)}
+                for name, rule in self.HISTOGRAMS.items()}  # fmt: skip
 
     def _run(self) -> None:
         self.first = self.scrape()
@@ -111,17 +116,18 @@ class Scraper:
         self.thread.join()
         self.last = self.scrape()
 
-    def stalls(self) -> tuple[float, float]:
-        """The longest pause of the window as its bucket's bound, and the pauses over STALL."""
-        assert self.first is not None
-        gained = {bound: self.last[bound] - self.first.get(bound, 0) for bound in self.last}
-        bounds = sorted(gained)
-        longest = 0.0
-        for lower, upper in zip([0.0, *bounds], bounds, strict=False):
-            if gained[upper] > (gained[lower] if lower else 0):
-                longest = upper  # cumulative buckets: this one gained over the one below
-        over = gained[math.inf] - max((n for b, n in gained.items() if b <= STALL), default=0)
-        return longest, over
+    def gained(self, name: str) -> tuple[float, float, float]:
+        """Of histogram `name` over the window: the longest time observed (the bound of the
+        highest bucket that gained a count), the times over STALL, and how many in all."""
+        first, last = self.first.get(name, {}), self.last.get(name, {})
+        gained = {bound: count - first.get(bound, 0) for bound, count in last.items()}
+        longest, below = 0.0, 0.0
+        for bound in sorted(gained):  # cumulative: a bucket that gained over the one below
+            if gained[bound] > below:
+                longest = bound
+            below = gained[bound]
+        over = below - max((n for b, n in gained.items() if b <= STALL), default=0)
+        return longest, over, below
 
 
 def start_nginx(netns: Netns, directory: Path) -> subprocess.Popen:
@@ -181,14 +187,16 @@ def measure(nodes: int, kind: str, args: argparse.Namespace, directory: Path) ->
         booted = rss(server.proc.pid)
         with Scraper(directory / "state" / "api.sock", args.scrape) as scraper:
             ours = window(client, server.proc.pid, args.window)
-        longest, over = scraper.stalls()
+        stall, stalls, _ = scraper.gained("lag")
+        collection, _, collections = scraper.gained("gc")
         every = max(1, math.ceil(nodes / (args.max_rate * args.interval)))
         client.tell(f"aim {ADDRESS}:{NGINX_PORT} {every}")
         time.sleep(2.0)  # the heartbeats to layerpy in flight are done
         theirs = window(client, nginx.pid, args.window)
         client.tell("aim")
         return {"nodes": nodes, "kind": kind, "ours": ours, "theirs": theirs, "every": every,
-                "stall": longest, "stalls": over, "boot_s": booting,
+                "stall": stall, "stalls": stalls, "gc": collection, "gcs": collections,
+                "boot_s": booting,
                 "rss_node": (booted - empty) / nodes, "rss": booted, "load": load()}  # fmt: skip
     finally:
         if client is not None:
@@ -201,15 +209,18 @@ def measure(nodes: int, kind: str, args: argparse.Namespace, directory: Path) ->
 
 def show(rows: list[dict[str, Any]]) -> None:
     print(f"{'nodes':>6} {'agents':>6} | {'CPU %':>5} {'µs/beat':>7} {'beats/s':>7} "
-          f"{'p50 ms':>6} {'p99 ms':>6} {'stall ms':>8} {'>20ms':>5} {'KB/node':>7} | "
+          f"{'p50 ms':>6} {'p99 ms':>6} {'stall ms':>8} {'>20ms':>5} {'full gc':>11} "
+          f"{'KB/node':>7} | "
           f"{'nginx µs':>8} {'p99 ms':>6} {'req/s':>6} | {'ratio':>5}")  # fmt: skip
     for row in rows:
         ours, theirs = row["ours"], row["theirs"]
-        stall = f"<={1000 * row['stall']:g}" if math.isfinite(row["stall"]) else ">1000"
+        stall, gc = (f"<={1000 * row[k]:g}" if math.isfinite(row[k]) else ">1000"
+                     for k in ("stall", "gc"))  # fmt: skip
         print(f"{row['nodes']:>6} {row['kind']:>6} | {100 * ours['cpu']:>5.1f} "
               f"{1e6 * ours['per_report']:>7.1f} {ours['rate']:>7.0f} "
               f"{ours.get('p50_ms', math.nan):>6.2f} {ours.get('p99_ms', math.nan):>6.2f} "
-              f"{stall:>8} {row['stalls']:>5.0f} {row['rss_node'] / 1024:>7.2f} | "
+              f"{stall:>8} {row['stalls']:>5.0f} {row['gcs']:>3.0f}x{gc:>7} "
+              f"{row['rss_node'] / 1024:>7.2f} | "
               f"{1e6 * theirs['per_report']:>8.1f} {theirs.get('p99_ms', math.nan):>6.2f} "
               f"{theirs['rate']:>6.0f} | "
               f"{ours['per_report'] / max(theirs['per_report'], 1e-9):>5.2f}")  # fmt: skip

@@ -395,6 +395,14 @@ class Server:
 
     async def watch(self) -> None:
         """Continuous work: the lifecycle, and nodes that stop reporting."""
+        timer = CollectorTimer(self.stats)
+        gc.callbacks.append(timer)
+        try:
+            await self._work()
+        finally:
+            gc.callbacks.remove(timer)
+
+    async def _work(self) -> None:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self.lifecycle.run())
             tasks.create_task(self._check_lost())
@@ -457,6 +465,22 @@ class _Detach:
 
     def close(self) -> None:
         self.logger.removeFilter(self.filter)
+
+
+class CollectorTimer:
+    """Each run of the cyclic garbage collector, timed into the stats (``gc``, by
+    generation): a run holds the event loop for as long as it walks."""
+
+    def __init__(self, stats: Stats) -> None:
+        self.stats = stats
+        self.began = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self.began = time.perf_counter()
+        else:
+            took = time.perf_counter() - self.began
+            self.stats.observe("gc", str(info["generation"]), took)
 
 
 @contextlib.contextmanager

@@ -182,6 +182,14 @@ FAMILIES = {
         "layerpy_image_pull_failures",
         sized="layerpy_image_pull_bytes",
     ),
+    "gc": Family(
+        "garbage collections",
+        "layerpy_gc_pause_seconds",
+        (*decades(1e-4, 0.01), 0.02, *decades(0.025, 1)),
+        ("generation",),
+        seconds_help="How long each run of Python's cyclic garbage collector held the event "
+        "loop, by generation (2: a full collection, which walks every object not frozen).",
+    ),
     "loop": Family(
         "event loop lag",
         "layerpy_event_loop_lag_seconds",
