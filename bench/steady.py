@@ -1,7 +1,7 @@
 """Steady state of N booted nodes on one `layerpy serve`: what a heartbeat costs, whether the
 event loop stalls, the memory a node holds; nginx answering the same POSTs in the same run.
 
-Namespaces only (bench/ha_steady.py's): the nodes' namespace holds a bridge and every node
+Namespaces only (bench/segment.py's): the nodes' namespace holds a bridge and every node
 address (a `local` route); the server's namespace, joined to the bridge by a veth, holds
 `layerpy serve` (pinned to CPU 0) and nginx (pinned to CPU 0 too, one process, answering
 POST /api/v1/agent/report with a fixed answer of the size of layerpy's). The simulated
@@ -55,8 +55,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from ha_steady import ADDRESSES, Client, Segment, Server, load, node_file, node_list, wait_for  # noqa: E402
 from reference import cpu_seconds, nginx_config  # noqa: E402
+from segment import ADDRESSES, Client, Segment, Server, load, node_file, node_list, wait_for  # noqa: E402
 
 from netns import Netns  # noqa: E402
 from packages import install_missing  # noqa: E402
