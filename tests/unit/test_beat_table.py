@@ -4,7 +4,9 @@ and a beat it takes records exactly what an unchanged heartbeat report records."
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import operator
 import shutil
 from dataclasses import fields
 from enum import Enum
@@ -18,6 +20,7 @@ from layerpy.model import RunState
 from layerpy.nodes import ChangeFeed, NodeStore
 from layerpy.proto import beat
 from layerpy.proto.agent import PROTOCOL, Answer, BeatOffer, ContractError, encode
+from layerpy.server import Server, local_backend
 from layerpy.services.beats import Beats
 
 from clock import Clock
@@ -229,3 +232,19 @@ def test_off_offers_nothing_and_a_removed_node_is_forgotten(rig: Rig) -> None:
     assert Beats(0, rig.store.nodes, str, rig.store.beat, print).offer("cn001", 1) is None
     del rig.store.nodes["cn001"]
     assert rig.beat() is None and "cn001" not in rig.beats.held
+
+
+def test_the_servers_answer_is_made_of_the_same_objects_each_beat(make_config) -> None:
+    """What a beat compares of the answer (the node's file, image, files, servers) is the
+    same objects while nothing changes: kept as they are, they cost the collector nothing."""
+    config = make_config()
+
+    async def scenario() -> None:
+        server = Server(config, local_backend(config))
+        try:
+            first, again = server.beats.basis("cn001"), server.beats.basis("cn001")
+            assert first == again and all(map(operator.is_, first, again)), (first, again)
+        finally:
+            await server.close()
+
+    asyncio.run(scenario())
