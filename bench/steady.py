@@ -19,14 +19,17 @@ node has booted and an interval + `--settle` s have passed (a node's first heart
 its hello is a full report: init -> ready), a window of `--window` s:
 
 - CPU: the server process's CPU seconds (/proc/PID/stat) over the window's, as % of its
-  core, and per heartbeat answered (a datagram's reply or an HTTP answer), in µs;
+  core, and per heartbeat answered (a datagram's reply or an HTTP answer), in µs; beside
+  it the server's CPU with the node file read and no node booted yet (idle: the loop-lag
+  probe, the lost-node check...), over IDLE s;
 - p50/p99: a heartbeat's round trip at the client (a datagram's reply; an HTTP report's
   connection, request and answer);
 - stall: the longest event-loop pause in the window, from the server's loop-lag probe (the
   histogram `layerpy_event_loop_lag_seconds` of /metrics, read over the API's unix socket
   every `--scrape` s as Prometheus would, the bucket counts compared across the window):
   the highest bucket that gained a count (its bound, e.g. "<=10 ms"), and the pauses over
-  20 ms (the goal's bound);
+  20 ms (the goal's bound); beside it the full garbage collections in the window and the
+  longest (`layerpy_gc_pause_seconds`, generation 2), the same way;
 - RSS per node: the server's resident memory after the nodes booted (at the window's
   start) minus before any booted (the node file read, serving), divided by N;
 - then nginx, the same window: the heartbeats of every K-th node (K: at most `--max-rate`
@@ -67,6 +70,7 @@ NGINX_PORT = 8081
 LAG = "layerpy_event_loop_lag_seconds_bucket"
 GC = "layerpy_gc_pause_seconds_bucket"
 STALL = 0.020  # the goal: no pause of the event loop longer
+IDLE = 5.0  # seconds of the server's CPU measured with no node booted
 KINDS = {"1.4": ("--protocol", "1.4"), "1.3": ("--protocol", "1.3")}
 # what layerpy answers a heartbeat report of a node without an image, in size
 ANSWER = ('{"node": "g0n00001", "heartbeat": 5.0, "image": null, "files": null, "identity": '
@@ -175,7 +179,9 @@ def measure(nodes: int, kind: str, args: argparse.Namespace, directory: Path) ->
         nginx = start_nginx(place, directory)
         wait_for(server.serving, 300, "layerpy serve started", server)
         time.sleep(2.0)
-        empty = rss(server.proc.pid)
+        empty, cpu = rss(server.proc.pid), server.cpu()
+        time.sleep(IDLE)
+        idle = (server.cpu() - cpu) / IDLE
         listing = node_list(directory, nodes)
         client = Client(segment, listing, [ADDRESS], args.interval, 0, *KINDS[kind],
                         "--connect", "each", "--in-flight", "2048")  # fmt: skip
@@ -195,6 +201,7 @@ def measure(nodes: int, kind: str, args: argparse.Namespace, directory: Path) ->
         theirs = window(client, nginx.pid, args.window)
         client.tell("aim")
         return {"nodes": nodes, "kind": kind, "ours": ours, "theirs": theirs, "every": every,
+                "idle": idle,
                 "stall": stall, "stalls": stalls, "gc": collection, "gcs": collections,
                 "boot_s": booting,
                 "rss_node": (booted - empty) / nodes, "rss": booted, "load": load()}  # fmt: skip
@@ -208,7 +215,7 @@ def measure(nodes: int, kind: str, args: argparse.Namespace, directory: Path) ->
 
 
 def show(rows: list[dict[str, Any]]) -> None:
-    print(f"{'nodes':>6} {'agents':>6} | {'CPU %':>5} {'µs/beat':>7} {'beats/s':>7} "
+    print(f"{'nodes':>6} {'agents':>6} | {'idle %':>6} {'CPU %':>5} {'µs/beat':>7} {'beats/s':>7} "
           f"{'p50 ms':>6} {'p99 ms':>6} {'stall ms':>8} {'>20ms':>5} {'full gc':>11} "
           f"{'KB/node':>7} | "
           f"{'nginx µs':>8} {'p99 ms':>6} {'req/s':>6} | {'ratio':>5}")  # fmt: skip
@@ -216,8 +223,8 @@ def show(rows: list[dict[str, Any]]) -> None:
         ours, theirs = row["ours"], row["theirs"]
         stall, gc = (f"<={1000 * row[k]:g}" if math.isfinite(row[k]) else ">1000"
                      for k in ("stall", "gc"))  # fmt: skip
-        print(f"{row['nodes']:>6} {row['kind']:>6} | {100 * ours['cpu']:>5.1f} "
-              f"{1e6 * ours['per_report']:>7.1f} {ours['rate']:>7.0f} "
+        print(f"{row['nodes']:>6} {row['kind']:>6} | {100 * row['idle']:>6.1f} "
+              f"{100 * ours['cpu']:>5.1f} {1e6 * ours['per_report']:>7.1f} {ours['rate']:>7.0f} "
               f"{ours.get('p50_ms', math.nan):>6.2f} {ours.get('p99_ms', math.nan):>6.2f} "
               f"{stall:>8} {row['stalls']:>5.0f} {row['gcs']:>3.0f}x{gc:>7} "
               f"{row['rss_node'] / 1024:>7.2f} | "
