@@ -54,6 +54,8 @@ import resource
 import socket
 import sys
 import time
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import uvloop
 
@@ -71,6 +73,7 @@ from layerpy.proto.agent import (
 
 BEAT_WAIT = 2.0  # seconds for a datagram's reply, as the agent (agent/core.py)
 BEAT_MISSES = 3  # unanswered in a row before a node's beats go by HTTP only, as the agent
+SOON = 0.001  # seconds: the slots due this soon go now, with one wakeup of the loop
 
 
 class Connection:
@@ -119,21 +122,13 @@ class Connection:
 
 
 class Replies(asyncio.DatagramProtocol):
-    """The one socket every node's beats go out of; a reply wakes the beat of its seq."""
+    """The one socket every node's beats go out of: each reply to `Agents.replied`."""
 
-    def __init__(self) -> None:
-        self.waiting: dict[int, tuple[bytes, asyncio.Future[beat.Verdict]]] = {}
+    def __init__(self, replied: Callable[[bytes], None]) -> None:
+        self.replied = replied
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        if len(data) < 12:
-            return
-        seq = int.from_bytes(data[4:12])
-        found = self.waiting.get(seq)
-        if found is None or found[1].done():
-            return
-        verdict = beat.read_reply(found[0], seq, data)
-        if verdict is not None:
-            found[1].set_result(verdict)
+        self.replied(data)
 
 
 class Agents:
@@ -158,15 +153,18 @@ class Agents:
             for server in self.servers:
                 for _ in range(args.connections):
                     self.pools[server].put_nowait(Connection(server, args.port))
-        self.replies = Replies()
         self.datagrams: asyncio.DatagramTransport | None = None
+        # beats awaiting their reply, oldest first: seq -> (node, key, sent at)
+        self.waiting: dict[int, tuple[int, bytes, float]] = {}
+        self.reporting: set[asyncio.Task[None]] = set()
 
     async def open_datagrams(self) -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
         sock.bind(("0.0.0.0", 0))
         loop = asyncio.get_running_loop()
-        self.datagrams, _ = await loop.create_datagram_endpoint(lambda: self.replies, sock=sock)
+        replies = Replies(self.replied)
+        self.datagrams, _ = await loop.create_datagram_endpoint(lambda: replies, sock=sock)
 
     def follow(self, index: int, said: bytes) -> None:
         """Report where the server says, as an agent does: the first of `layerpy.server=`
@@ -256,60 +254,82 @@ class Agents:
             self.answered(index, answer)
         return status == 200
 
-    async def datagram(self, index: int) -> beat.Verdict | None:
-        """One beat as the agent's `_beat()` sends it; its verdict, None if unanswered."""
+    def datagram(self, index: int) -> None:
+        """One beat as the agent's `_beat()` sends it; its reply comes to `replied`, or
+        `unanswered` counts it lost after BEAT_WAIT. No task or timer a beat: 10 000 beats
+        a second must leave this one process room to spare."""
         port, key = self.offers[index]
         self.seq += 1
-        seq, waiting = self.seq, asyncio.get_running_loop().create_future()
-        self.replies.waiting[seq] = (key, waiting)
+        self.waiting[self.seq] = (index, key, time.perf_counter())
         assert self.datagrams is not None
-        self.datagrams.sendto(beat.beat(key, self.nodes[index][0], seq, 100.0),
+        self.datagrams.sendto(beat.beat(key, self.nodes[index][0], self.seq, 100.0),
                               (self.route[index], port))  # fmt: skip
         self.counts["beats"] += 1
-        try:
-            verdict = await asyncio.wait_for(waiting, BEAT_WAIT)
-        except TimeoutError:
-            self.counts["beats_lost"] += 1
-            self.misses[index] = self.misses.get(index, 0) + 1
-            return None
-        finally:
-            del self.replies.waiting[seq]
-        self.misses[index] = 0
-        self.counts["beats_ok" if verdict == beat.Verdict.OK else "beats_report"] += 1
-        return verdict
 
-    async def heartbeat(self, index: int, began: float) -> None:
-        aimed = self.aimed
+    def replied(self, data: bytes) -> None:
+        seq = int.from_bytes(data[4:12]) if len(data) >= 12 else -1
+        found = self.waiting.get(seq)
+        if found is None:
+            return
+        index, key, sent = found
+        verdict = beat.read_reply(key, seq, data)
+        if verdict is None:
+            return
+        del self.waiting[seq]
+        self.misses[index] = 0
+        if verdict == beat.Verdict.OK:
+            self.counts["beats_ok"] += 1
+            self.counts["ok"] += 1
+            self.took(time.perf_counter() - sent)
+        else:  # the agent then reports in full
+            self.counts["beats_report"] += 1
+            self.spawn(self.heartbeat(index, sent, self.route[index], self.args.port))
+
+    async def unanswered(self) -> None:
+        """Beats unanswered after BEAT_WAIT: lost, and reported in full, as the agent does."""
+        while True:
+            await asyncio.sleep(0.1)
+            old = time.perf_counter() - BEAT_WAIT
+            while self.waiting:
+                seq, (index, _, sent) = next(iter(self.waiting.items()))
+                if sent > old:
+                    break
+                del self.waiting[seq]
+                self.counts["beats_lost"] += 1
+                self.misses[index] = self.misses.get(index, 0) + 1
+                self.spawn(self.heartbeat(index, sent, self.route[index], self.args.port))
+
+    def spawn(self, report: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.create_task(report)
+        self.reporting.add(task)
+        task.add_done_callback(self.reporting.discard)
+        return task
+
+    async def heartbeat(self, index: int, began: float, server: str, port: int) -> None:
+        """A heartbeat reported in full over HTTP."""
         try:
-            if aimed is not None:
-                ok = await self.report(index, aimed[0], aimed[1])
-            elif (
-                index in self.offers
-                and self.misses.get(index, 0) < BEAT_MISSES
-                and (await self.datagram(index) == beat.Verdict.OK)
-            ):
-                ok = True
-            else:
-                ok = await self.report(index, self.route[index], self.args.port)
+            ok = await self.report(index, server, port)
             self.counts["ok" if ok else "failed"] += 1
         except ConnectionError:
             self.counts["failed"] += 1
-        took = time.perf_counter() - began
-        self.latencies.append(took)
+        self.took(time.perf_counter() - began)
+
+    def took(self, seconds: float) -> None:
+        self.latencies.append(seconds)
         if self.window is not None:
-            self.window.append(took)
+            self.window.append(seconds)
 
     async def heartbeats(self) -> None:
         """Each node once per interval, in a slot of its own; a slot already past when its
         turn comes is counted late (the client cannot keep up)."""
         loop = asyncio.get_running_loop()
         count, interval = len(self.nodes), self.args.interval
-        start, pending = loop.time(), set()
+        start = loop.time()
         most = self.args.in_flight or 4 * self.args.connections * len(self.servers)
         for tick in range(10**12):
             index = tick % count
             slot = start + tick * interval / count
-            if (wait := slot - loop.time()) > 0:
+            if (wait := slot - loop.time()) > SOON:
                 await asyncio.sleep(wait)
             elif wait < -1.0:
                 self.counts["late"] += 1
@@ -318,11 +338,17 @@ class Agents:
             if self.aimed is not None and index % self.aimed[2]:
                 continue  # the reference hears every K-th node only
             self.counts["sent"] += 1
-            task = asyncio.create_task(self.heartbeat(index, time.perf_counter()))
-            pending.add(task)
-            task.add_done_callback(pending.discard)
-            if len(pending) > most:
-                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if (
+                self.aimed is None
+                and index in self.offers
+                and self.misses.get(index, 0) < BEAT_MISSES
+            ):
+                self.datagram(index)
+                continue
+            server, port = self.aimed[:2] if self.aimed else (self.route[index], self.args.port)
+            self.spawn(self.heartbeat(index, time.perf_counter(), server, port))
+            if len(self.reporting) > most:
+                await asyncio.wait(self.reporting, return_when=asyncio.FIRST_COMPLETED)
 
     async def say(self) -> None:
         while True:
@@ -392,7 +418,7 @@ async def main() -> None:
     agents = Agents(args)
     await agents.open_datagrams()
     await asyncio.gather(agents.say(), agents.boot_all(list(range(len(agents.nodes)))),
-                         agents.heartbeats(), agents.commands())  # fmt: skip
+                         agents.heartbeats(), agents.unanswered(), agents.commands())  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from layerpy.host import cannot_listen
 from layerpy.model import Node, RunState
 from layerpy.proto import beat
 from layerpy.proto.agent import BeatOffer
-from layerpy.services.datagrams import Datagrams
+from layerpy.services.datagrams import Datagrams, deep_buffers
 
 log = logging.getLogger("layerpy.beats")
 
@@ -133,6 +133,7 @@ class BeatListener:
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.setblocking(False)
+            deep_buffers(sock)  # 10 000 beats a second: a 20 ms pause would overflow the default
             sock.bind((address, beats.port))
         except OSError as error:
             sock.close()
