@@ -103,9 +103,9 @@ class Connection:
                 self.server, self.port, local_addr=local
             )
         assert self.reader is not None
+        closing = "Connection: close\r\n" if close else ""
         head = (f"{method} {path} HTTP/1.1\r\nHost: {self.server}\r\nContent-Type: "
-                f"application/json\r\nContent-Length: {len(body)}\r\n"
-                f"{'Connection: close' if close else ''}\r\n\r\n")  # fmt: skip
+                f"application/json\r\nContent-Length: {len(body)}\r\n{closing}\r\n")  # fmt: skip
         self.writer.write(head.encode() + body)
         answer = await self.reader.readuntil(b"\r\n\r\n")
         status = int(answer.split(b" ", 2)[1])
@@ -157,6 +157,7 @@ class Agents:
         # beats awaiting their reply, oldest first: seq -> (node, key, sent at)
         self.waiting: dict[int, tuple[int, bytes, float]] = {}
         self.reporting: set[asyncio.Task[None]] = set()
+        self.failing = False
 
     async def open_datagrams(self) -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -250,6 +251,11 @@ class Agents:
             finally:
                 pool.put_nowait(connection)
         self.counts["http"] += 1
+        if status != 200 and not self.failing:
+            self.failing = True  # the first failure said, on stderr (the bench keeps it)
+            print(
+                f"{self.nodes[index][0]}: report HTTP {status}: {answer[:300]!r}", file=sys.stderr
+            )
         if status == 200 and server in self.pools:
             self.answered(index, answer)
         return status == 200
