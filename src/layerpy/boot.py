@@ -261,6 +261,7 @@ class BootPolicy:
         self._leases = self._pool_table()
         self._ports = PortShares()  # pool holders behind relay ports
         self.peers: tuple[str, ...] = ()  # the other instances' URLs on this segment
+        self._servers: tuple[object, tuple[str, ...]] = ((), ())  # (made of, servers)
         self.owner_url: Callable[[str], str | None] = lambda node: None  # its owner's URL
         self._rechecked: dict[str, float] = {}  # node -> when its token was read again
         # node (or discover/MAC) -> (when, token, command line) handed out by TFTP (GRUB's
@@ -281,8 +282,13 @@ class BootPolicy:
 
     @property
     def servers(self) -> tuple[str, ...]:
-        """Every instance serving the boot segment, this one first: the agents' servers."""
-        return (self.base_url, *(url for url in self.peers if url != self.base_url))
+        """Every instance serving the boot segment, this one first: the agents' servers
+        (the same tuple while they stay: a heartbeat compares it by identity)."""
+        made_of = (self.base_url, self.peers)
+        if self._servers[0] != made_of:
+            servers = (self.base_url, *(url for url in self.peers if url != self.base_url))
+            self._servers = (made_of, servers)
+        return self._servers[1]
 
     def servers_of(self, node: str) -> tuple[str, ...]:
         """A node's agent's servers: its owner first (its heartbeats are the owner's to

@@ -155,8 +155,8 @@ def main() -> None:
 )
 def serve(config_path: Path, debug: bool, state_dir: Path | None) -> None:
     """Run DHCP, TFTP and HTTP for the nodes in the node file."""
+    from layerpy.heap import collector_paused
     from layerpy.host import StartRefused
-    from layerpy.server import collector_paused
     from layerpy.server import serve as run_server
     from layerpy.services import run
 

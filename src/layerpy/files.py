@@ -97,6 +97,9 @@ def revision(files: list[NodeFile]) -> str:
     return hashlib.sha256(summary.encode()).hexdigest()[:16]
 
 
+NO_FILES = FilesSpec(revision([]), ())  # most nodes': one for all of them
+
+
 class Deliveries:
     """What the agents are told of their files and may fetch: each node's files made once
     per node file and image (not once per report), their bytes kept once per digest (a
@@ -118,7 +121,8 @@ class Deliveries:
             files = _files(config, config.nodes[name], image)
             for file in files:
                 self._contents.setdefault(file.digest, file.content)
-            made = self._specs[key] = FilesSpec(revision(files), tuple(map(_spec, files)))
+            made = FilesSpec(revision(files), tuple(map(_spec, files))) if files else NO_FILES
+            self._specs[key] = made
         return made
 
     def content(self, spec: FilesSpec, digest: str) -> bytes | None:

@@ -112,7 +112,9 @@ class Node:
     heard_by: str | None = None  # the instance of a cluster its agent reports to
     boot: Boot | None = None
     boots: int = 0
-    agent: dict[str, Any] = field(default_factory=dict)  # uptime, seq, version, timeline
+    agent: dict[str, Any] = field(default_factory=dict)  # version, timeline, persist, platform
+    agent_uptime: float | None = None  # the agent's at its last report: a heartbeat's news
+    agent_seq: int | None = None
     owner: str | None = None  # in a cluster, the instance owning it ("": none yet)
 
     @property
@@ -149,7 +151,9 @@ class Node:
             "run_state": self.run_state,
             "boots": self.boots,
             "last_report": self.last_report,
-            "agent": self.agent,
+            "agent": {"uptime": self.agent_uptime, "seq": self.agent_seq, **self.agent}
+            if self.agent
+            else {},
             "boot": None
             if boot is None
             else {

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import gc
 import logging
 import signal
 import time
@@ -22,13 +21,14 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from layerpy import budget, census, host, logs
+from layerpy import budget, census, heap, host, logs
 from layerpy.auth import Tokens
 from layerpy.boot import BootPolicy
 from layerpy.catalog import Catalog
 from layerpy.cluster.instance import Applied, ClusterInstance
 from layerpy.config import Config, ConfigError, ReloadRefused, load, parse, parse_shared
 from layerpy.consoles import Consoles
+from layerpy.heap import CollectorTimer, Settler, collector_paused
 from layerpy.host import StartRefused
 from layerpy.images import ImageStore
 from layerpy.lifecycle import Lifecycle
@@ -80,7 +80,7 @@ class Server:
         self.beats = Beats(
             config.server.beat_port,
             self.nodes.nodes,
-            lambda name: (self.lifecycle.answer_basis(name), self.policy.servers_of(name)),
+            lambda name: (*self.lifecycle.answer_basis(name), self.policy.servers_of(name)),
             self.nodes.beat,
             lambda outcome: self.stats.count("beat", outcome, ok=outcome in BEAT_TAKEN),
         )
@@ -258,7 +258,7 @@ class Server:
         await self.lifecycle.applied(config, added, removed, changed)
         await asyncio.to_thread(retired.clear)
         if added or changed:  # else the file made nothing that lives on (compare)
-            _settle_heap()
+            heap.settle()
         log.info(
             "reloaded %s: %d nodes, added %s, removed %s, changed %s", config.path,
             len(config.nodes), _names(added), _names(removed), _names(changed),
@@ -397,6 +397,10 @@ class Server:
 
     async def watch(self) -> None:
         """Continuous work: the lifecycle, and nodes that stop reporting."""
+        with CollectorTimer(self.stats).timing():
+            await self._work()
+
+    async def _work(self) -> None:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self.lifecycle.run())
             tasks.create_task(self._check_lost())
@@ -459,31 +463,6 @@ class _Detach:
 
     def close(self) -> None:
         self.logger.removeFilter(self.filter)
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Build the node file's objects without the cyclic collector: they all live, and its
-    passes over a heap growing by 100 000 nodes were a sixth of start-up (0.25 s of 1.6)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _settle_heap() -> None:
-    """The node file's objects live as long as the file: out of the collector's way. A
-    full collection walks every tracked object, and with 100 000 nodes it held the event
-    loop (and every DHCP answer) for 160 ms; frozen ones are skipped. Nothing is thawed,
-    so this walks only what was made since the last freeze (10 ms after the operator
-    test's requests on 25 000 nodes; thawing too, 70 ms). A node file has no reference
-    cycles: the objects of a reloaded one that go, frozen or not, are freed by their
-    counts, not left to this."""
-    gc.collect()
-    gc.freeze()
 
 
 def local_backend(config: Config, state_dir: Path | None = None) -> LocalJournal:
@@ -571,16 +550,17 @@ async def serve(config: Config, *, state_dir: Path | None = None) -> None:
         if starting.cancelled():
             return
         raise
-    _settle_heap()
+    heap.settle()
     log.info("serving %d nodes from %s", len(config.nodes), config.path)
     server.ready()
-    watcher = asyncio.create_task(server.watch())
+    watchers = [asyncio.create_task(server.watch()), asyncio.create_task(Settler().run())]
     try:
         await stopped
     finally:
         notify("STOPPING=1")
         log.info("stopping")
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        for watcher in watchers:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
         await server.close()

@@ -193,10 +193,18 @@ FAMILIES = {
         "layerpy_image_pull_failures",
         sized="layerpy_image_pull_bytes",
     ),
+    "gc": Family(
+        "garbage collections",
+        "layerpy_gc_pause_seconds",
+        (*decades(1e-4, 0.01), 0.02, *decades(0.025, 1)),
+        ("generation",),
+        seconds_help="How long each run of Python's cyclic garbage collector held the event "
+        "loop, by generation (2: a full collection, which walks every object not frozen).",
+    ),
     "loop": Family(
         "event loop lag",
         "layerpy_event_loop_lag_seconds",
-        decades(5e-4, 1),
+        (*decades(5e-4, 0.01), 0.02, *decades(0.025, 1)),  # 20 ms: the pause allowed (scale.md)
         seconds_help="How late the event loop ran a timer: every DHCP answer waits as long.",
     ),
 }

@@ -84,8 +84,9 @@ class ServerConfig:
     send_timeout: float = 60.0  # seconds a file transfer may find no room to send (nginx's)
     beat_port: int = 8080  # UDP port of datagram heartbeats (by default http_port's); 0: off
 
-    @cached_property  # in every boot script three times: formatting the address is not free
+    @cached_property
     def url(self) -> str:
+        """Made once: every boot script (three times), answer and heartbeat asks for it."""
         return f"http://{self.address}:{self.http_port}"
 
 

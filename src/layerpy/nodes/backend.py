@@ -147,7 +147,7 @@ class LocalJournal:
             journal = self._journals[kind]
             journal.append([{journal.key: key, **record}])
             if journal.crowded(len(live)):
-                self._rewrite(kind)
+                journal.compact(list(live.items()))
 
     def amend(self, kind: str, key: str, record: Record) -> None:
         """One server: no one else writes its records."""

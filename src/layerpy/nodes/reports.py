@@ -19,7 +19,6 @@ from layerpy.proto.agent import Event as AgentEvent
 log = logging.getLogger("layerpy.nodes")
 
 ALIVE = (RunState.INIT, RunState.READY)
-HEARTBEAT_ONLY = ("uptime", "seq")  # the agent's facts that change with every report
 # a node of a secure_boot group whose firmware says Secure Boot is off: shown as its problem
 SECURE_BOOT_OFF = (
     "Secure Boot is off, but the node file has secure_boot = true for it: its firmware ran "
@@ -120,21 +119,26 @@ def facts(node: Node, report: Report, now: float) -> list[Effect]:
         ip: IPv4Address | None = IPv4Address(report.ip)
     except ValueError:
         ip = None
+    if ip == node.config.ip:
+        ip = node.config.ip  # the file's own: no address object per node kept besides it
     agent = {
-        "uptime": report.uptime,
-        "seq": report.seq,
         "agent_version": report.agent_version,
         "timeline": report.timeline,
         "persist": report.persist,
         "platform": report.platform,
     }
-    news = {k: v for k, v in agent.items() if k not in HEARTBEAT_ONLY}
-    quiet = news == {k: v for k, v in node.agent.items() if k not in HEARTBEAT_ONLY}
+    # what changes with every report is kept apart, in plain numbers: a heartbeat leaves
+    # no new object behind for the garbage collector to walk (docs/scale.md)
+    heard: dict[str, Any] = {"last_report": now, "agent_uptime": report.uptime,
+                             "agent_seq": report.seq}  # fmt: skip
+    quiet = agent == node.agent
+    if not quiet:
+        heard["agent"] = agent
     problem = SECURE_BOOT_OFF if node.config.secure_boot and report.secure_boot is False else None
     if problem is not None and node.problem != problem:
         log.warning("%s: %s", node.name, problem)
     return [
-        Observe(node.name, {"last_report": now, "agent": agent}, quiet=quiet),
+        Observe(node.name, heard, quiet=quiet),
         Observe(
             node.name,
             {

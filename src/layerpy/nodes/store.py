@@ -469,8 +469,8 @@ class NodeStore:
     def beat(self, name: str, seq: int, uptime: float) -> None:
         """A heartbeat that changes nothing (a datagram beat, ``services.beats``): recorded
         as a heartbeat report that changes nothing is."""
-        agent = self.nodes[name].agent | {"uptime": uptime, "seq": seq}
-        self.apply([Observe(name, {"last_report": self.clock(), "agent": agent}, quiet=True)])
+        heard = {"last_report": self.clock(), "agent_uptime": uptime, "agent_seq": seq}
+        self.apply([Observe(name, heard, quiet=True)])
 
     # -- power, the console, and the engine's own conclusions ----------------------------
 

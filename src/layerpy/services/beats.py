@@ -12,16 +12,17 @@ reports over HTTP, getting a fresh key. Nothing is logged per beat: outcomes are
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import socket
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from layerpy.host import cannot_listen
 from layerpy.model import Node, RunState
 from layerpy.proto import beat
 from layerpy.proto.agent import BeatOffer
-from layerpy.services.datagrams import Datagrams
+from layerpy.services.datagrams import Datagrams, deep_buffers
 
 log = logging.getLogger("layerpy.beats")
 
@@ -46,7 +47,7 @@ class Held:
     key: bytes
     boot: str | None  # the token digest the key was made under
     seq: int
-    basis: Hashable
+    basis: tuple[object, ...]
     facts: tuple[object, ...]
 
 
@@ -58,7 +59,7 @@ class Beats:
         self,
         port: int,
         nodes: dict[str, Node],
-        basis: Callable[[str], Hashable],
+        basis: Callable[[str], tuple[object, ...]],
         heard: Callable[[str, int, float], None],
         count: Callable[[str], None],
     ) -> None:
@@ -81,7 +82,7 @@ class Beats:
         held = self.held.get(name)
         if held is None or held.boot != digest:
             key = os.urandom(beat.KEY_SIZE)
-            held = self.held[name] = Held(key, digest, seq, None, ())
+            held = self.held[name] = Held(key, digest, seq, (), ())
         held.seq = max(held.seq, seq)
         held.basis, held.facts = self.basis(name), facts(node)
         return BeatOffer(self.port, held.key.hex())
@@ -112,7 +113,8 @@ class Beats:
         if node.run_state != RunState.READY or facts(node) != held.facts or basis != held.basis:
             self.count("report")
             return beat.reply(held.key, got.seq, beat.Verdict.REPORT)
-        held.basis = basis  # equal, perhaps made anew by a reload: compared by identity now
+        if not all(map(operator.is_, basis, held.basis)):
+            held.basis = basis  # equal, made anew by a reload: compared by identity from now on
         self.heard(got.node, got.seq, got.uptime)
         self.count("ok")
         return beat.reply(held.key, got.seq, beat.Verdict.OK)
@@ -131,6 +133,7 @@ class BeatListener:
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.setblocking(False)
+            deep_buffers(sock)  # 10 000 beats a second: a 20 ms pause would overflow the default
             sock.bind((address, beats.port))
         except OSError as error:
             sock.close()
