@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from reference import cpu_seconds, nginx_config  # noqa: E402
+from reference import cpu_seconds, nginx_config, start_pinned  # noqa: E402
 
 from netns import Link  # noqa: E402
 from nodefile import BOOT_SECTIONS, write_boot_files  # noqa: E402
@@ -64,15 +64,8 @@ mac = ["52:54:00:78:00:11"]
 
 def start(link: Link, directory: Path, name: str, command: list[str]) -> subprocess.Popen:
     """`command` pinned to the server's CPU, once it answers."""
-    log = (directory / f"{name}.log").open("wb")
-    process = link.server.popen(["taskset", "-c", SERVER_CPU, *command], stdout=log, stderr=log)
     url = f"http://{SERVER}:{PORTS[name]}/minos/kernel"
-    deadline = time.monotonic() + 30
-    while link.client.run("curl", "-sfo", "/dev/null", url, check=False).returncode:
-        if process.poll() is not None or time.monotonic() > deadline:
-            sys.exit(f"{name} did not start: {(directory / f'{name}.log').read_text()[-2000:]}")
-        time.sleep(0.2)
-    return process
+    return start_pinned(link, directory, name, command, url, SERVER_CPU)
 
 
 def fetch(link: Link, port: int, count: int, out: str = "/dev/null") -> None:

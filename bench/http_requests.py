@@ -22,13 +22,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from reference import cpu_split, nginx_config  # noqa: E402
+from reference import cpu_split, nginx_config, start_pinned  # noqa: E402
 
 from netns import Link  # noqa: E402
 from nodefile import write_boot_files  # noqa: E402
@@ -77,15 +76,8 @@ mac = ["52:54:00:79:00:11"]
 
 def start(link: Link, directory: Path, name: str, command: list[str]) -> subprocess.Popen:
     """`command` pinned to the server's CPU, once it answers the script."""
-    log = (directory / f"{name}.log").open("wb")
-    process = link.server.popen(["taskset", "-c", SERVER_CPU, *command], stdout=log, stderr=log)
     url = f"http://{SERVER}:{PORTS[name]}{SCRIPT}"
-    deadline = time.monotonic() + 30
-    while link.client.run("curl", "-sfo", "/dev/null", url, check=False).returncode:
-        if process.poll() is not None or time.monotonic() > deadline:
-            sys.exit(f"{name} did not start: {(directory / f'{name}.log').read_text()[-2000:]}")
-        time.sleep(0.2)
-    return process
+    return start_pinned(link, directory, name, command, url, SERVER_CPU)
 
 
 class Client:

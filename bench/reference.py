@@ -5,6 +5,9 @@ would reach its master's figures only once reaped.
 """
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 
@@ -41,3 +44,17 @@ http {{
 }}
 """)
     return path
+
+
+def start_pinned(link, directory: Path, name: str, command: list[str], url: str,
+                 cpu: str) -> subprocess.Popen:  # fmt: skip
+    """`command` in the link's server namespace, pinned to `cpu`, once `url` answers from
+    the client's side (its output in DIRECTORY/NAME.log)."""
+    log = (directory / f"{name}.log").open("wb")
+    process = link.server.popen(["taskset", "-c", cpu, *command], stdout=log, stderr=log)
+    deadline = time.monotonic() + 30
+    while link.client.run("curl", "-sfo", "/dev/null", url, check=False).returncode:
+        if process.poll() is not None or time.monotonic() > deadline:
+            sys.exit(f"{name} did not start: {(directory / f'{name}.log').read_text()[-2000:]}")
+        time.sleep(0.2)
+    return process
