@@ -126,7 +126,8 @@ class SerialLine:
         self.received = bytearray()
         self.peer: socket.socket | None = None
         self.connections = 0
-        threading.Thread(target=self._serve, daemon=True).start()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
 
     def _serve(self) -> None:
         while True:
@@ -163,9 +164,15 @@ class SerialLine:
             peer.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
+        """The thread ends first: one left in accept() outlives the test, and a close racing
+        its next accept() could hand it a later test's socket of the same number."""
+        peer = self.peer
+        self.listener.shutdown(socket.SHUT_RDWR)  # ends accept(); close() would not
+        self.hang_up()
+        self.thread.join(20)
         self.listener.close()
-        if self.peer is not None:
-            self.peer.close()
+        if peer is not None:
+            peer.close()
 
 
 async def attach(host: Host, node: str, typed: bytes, until: bytes) -> bytes:

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -232,12 +233,15 @@ class Rig:
             said = (out + err).decode(errors="replace")[-3000:]
             # a connection the BMC made that the serial line never took: still queued on
             # the listener (Recv-Q), or taken by another thread of this process
-            queued = subprocess.run(["ss", "-xlp", "src", str(self.serial.path)],
+            # (every socket at the path: an accepted one names the process that holds it)
+            queued = subprocess.run(["ss", "-xap", "src", str(self.serial.path)],
                                     capture_output=True, text=True).stdout  # fmt: skip
-            threads = sorted(thread.name for thread in threading.enumerate())
+            frames = sys._current_frames()
+            threads = [f"{thread.name}: {traceback.format_stack(frames[thread.ident], 2)}"
+                       for thread in threading.enumerate() if thread.ident in frames]  # fmt: skip
             raise AssertionError(f"{error}\nthe child (exit {proc.returncode}) said:\n{said}\n"
                                  f"the BMC's log:\n{self.bmc_log()[-3000:]}\nthe serial "
-                                 f"line's listener:\n{queued}threads: {threads}") from None  # fmt: skip
+                                 f"line's sockets:\n{queued}threads: {threads}") from None  # fmt: skip
 
     def wait_log(self, pattern: str) -> None:
         """Until the BMC's log matches `pattern`."""
