@@ -237,7 +237,7 @@ class Rig:
             queued = subprocess.run(["ss", "-xap", "src", str(self.serial.path)],
                                     capture_output=True, text=True).stdout  # fmt: skip
             frames = sys._current_frames()
-            threads = [f"{thread.name}: {traceback.format_stack(frames[thread.ident], 2)}"
+            threads = [f"{thread.name}: {traceback.format_stack(frames[thread.ident], 4)}"
                        for thread in threading.enumerate() if thread.ident in frames]  # fmt: skip
             raise AssertionError(f"{error}\nthe child (exit {proc.returncode}) said:\n{said}\n"
                                  f"the BMC's log:\n{self.bmc_log()[-3000:]}\nthe serial "
