@@ -208,6 +208,7 @@ class Booter(Protocol):
     def fetched(self, remote: str, phase: Phase) -> None: ...
     def known(self, address: str) -> bool: ...
     async def report(self, payload: Any) -> Ack: ...
+    def report_now(self, payload: Any) -> Ack | None: ...
     def holds_token(self, name: str, token: str) -> bool: ...
 
 
@@ -969,16 +970,32 @@ class BootPolicy:
                 raise
         return self.nodes.report(payload)
 
-    async def _caught_up(self, rejected: ReportRejected) -> bool:
-        """Whether the node's token changed in etcd since the refusal (a node's read at most
-        once a RECHECK, so wrong tokens cost etcd no more)."""
+    def report_now(self, payload: Any) -> Ack | None:
+        """report(), when no read from etcd can change its outcome (the boot listener's
+        shortcut); None when one might: report() then has it (a refusal for the token
+        changed nothing yet)."""
+        try:
+            return self.nodes.report(payload)
+        except ReportRejected as rejected:
+            if self._may_catch_up(rejected):
+                return None
+            raise
+
+    def _may_catch_up(self, rejected: ReportRejected) -> bool:
+        """Whether a refusal for the boot token is to be read again from etcd: in a
+        cluster, a node's at most once a RECHECK, so wrong tokens cost etcd no more."""
         name = rejected.token_of
         if not self._shared or name is None or name not in self.nodes.nodes:
             return False
-        now = time.monotonic()
-        if now - self._rechecked.get(name, -RECHECK) < RECHECK:
+        return time.monotonic() - self._rechecked.get(name, -RECHECK) >= RECHECK
+
+    async def _caught_up(self, rejected: ReportRejected) -> bool:
+        """Whether the node's token changed in etcd since the refusal."""
+        if not self._may_catch_up(rejected):
             return False
-        self._rechecked[name] = now
+        name = rejected.token_of
+        assert name is not None
+        self._rechecked[name] = time.monotonic()
         before = self.backend.get(TOKENS, name)
         try:
             await self.backend.fresh(TOKENS, name)

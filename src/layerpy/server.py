@@ -43,7 +43,7 @@ from layerpy.services.api import build_api
 from layerpy.services.beats import BEAT_TAKEN, BeatListener, Beats
 from layerpy.services.dhcp import Neighbours, start_dhcp
 from layerpy.services.http import build_app
-from layerpy.services.shortcut import ScriptShortcut
+from layerpy.services.shortcut import Shortcut
 from layerpy.services.tftp import TftpBudget, accounting, start_tftp
 from layerpy.stats import Stats
 
@@ -363,7 +363,7 @@ class Server:
         runner = await self._serve_app(app)
         await listeners.AdmittedSite(
             runner, str(server.address), server.http_port, admission, service="HTTP",
-            shortcut=ScriptShortcut(app),
+            shortcut=Shortcut(app),
         ).start()  # fmt: skip
         log.info("http for the boot network on %s", server.url)
         if beats is not None:

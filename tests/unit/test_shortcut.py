@@ -8,6 +8,7 @@ client bound to the nodes' own addresses (127.0.0.11 is cn001's)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import random
@@ -17,14 +18,16 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
+from layerpy.proto.agent import REPORT_PATH, Event, Report, encode
 from layerpy.server import Server, local_backend
 from layerpy.services import listeners
 from layerpy.services.http import build_app
-from layerpy.services.shortcut import ScriptShortcut
+from layerpy.services.listeners import ShortcutAnswer
+from layerpy.services.shortcut import Shortcut
 from layerpy.stats import Stats
 
 CN001, CN002, SB001 = "127.0.0.11", "127.0.0.12", "127.0.0.13"
@@ -129,14 +132,14 @@ def fuzzed(count: int, seed: int = 29) -> list[Case]:
     return cases
 
 
-class Counted(ScriptShortcut):
+class Counted(Shortcut):
     """The shortcut, counting what it answered (to show the comparison exercised it)."""
 
     answered = 0
 
-    def __call__(self, data: bytes, remote: str) -> tuple[bytes, bool] | None:
+    def __call__(self, data: bytes, remote: str) -> ShortcutAnswer:
         answer = super().__call__(data, remote)
-        self.answered += answer is not None
+        self.answered += isinstance(answer, tuple)
         return answer
 
 
@@ -157,8 +160,11 @@ class Rig:
 
 
 @asynccontextmanager
-async def listening(make_config) -> AsyncIterator[Rig]:
+async def listening(make_config, state: str = "state") -> AsyncIterator[Rig]:
+    """The rig, its server's records in the directory `state` beside the node file."""
     config = make_config(server="127.0.0.1", interface="lo", extra=SECURE)
+    directory = config.server.state_dir.parent / state
+    config = replace(config, server=replace(config.server, state_dir=directory))
     server = Server(config, local_backend(config))
     app = build_app(server.policy, server.stats, server.lifecycle, server.catalog,
                     log_requests=True)  # fmt: skip
@@ -234,9 +240,10 @@ class Lines(logging.Handler):
 
 
 async def run_all(
-    server: Server, port: int, cases: list[Case]
+    server: Server, port: int, cases: list[Case], together: int = 100
 ) -> tuple[list, Counter, Counter, int]:
-    """Each case's normal answer, and what the server counted, logged and booted."""
+    """Each case's normal answer, and what the server counted, logged and booted (cases
+    `together` at a time)."""
     before, boots = http_metrics(server.stats), sum(n.boots for n in server.nodes.nodes.values())
     lines = Lines()
     logger = logging.getLogger("layerpy.http")
@@ -244,8 +251,8 @@ async def run_all(
     level, logger.level = logger.level, logging.DEBUG
     try:
         answers = []
-        for start in range(0, len(cases), 100):
-            batch = cases[start : start + 100]
+        for start in range(0, len(cases), together):
+            batch = cases[start : start + together]
             answers += await asyncio.gather(*(exchange(port, case) for case in batch))
     finally:
         logger.removeHandler(lines)
@@ -273,6 +280,168 @@ def test_the_shortcut_answers_as_the_general_path(make_config, kind: str) -> Non
         assert answered >= (10 if kind == "generated" else 1), (
             f"the shortcut answered {answered} of {answered_ok} scripts"
         )
+
+    asyncio.run(compare())
+
+
+ADDRESSES = {"cn001": CN001, "cn002": CN002}
+MACS = {"cn001": "52:54:00:99:00:11", "cn002": "52:54:00:99:00:12"}
+
+
+def report_body(name: str, token: str, seq: int, event: str = "heartbeat", /, **fields) -> bytes:
+    """A report as the agent's urllib sends it (json.dumps of the contract's encoding)."""
+    report = Report(node=name, token=token, mac=MACS[name], ip=ADDRESSES[name],
+                    boot_id="0f1e2d3c", seq=seq, event=Event(event), hostname=name,
+                    uptime=100.0 + seq, agent_version="0.1.0")  # fmt: skip
+    return json.dumps(encode(report) | fields).encode()
+
+
+def post(body: bytes, *headers: str, length: int | None = None, **parts) -> bytes:
+    """A report's POST as urllib makes it (Connection: close), with `headers` added."""
+    size = len(body) if length is None else length
+    lines = ("Accept-Encoding: identity", f"Content-Length: {size}",
+             "Content-Type: application/json", "User-Agent: layerpy-agent/0.1.0",
+             "Connection: close", *headers)  # fmt: skip
+    return request(**{"target": REPORT_PATH, "method": "POST"} | parts, headers=lines, body=body)
+
+
+def halves(data: bytes) -> tuple[bytes, bytes]:
+    """urllib's two sends: the head, then the body."""
+    end = data.index(b"\r\n\r\n") + 4
+    return data[:end], data[end:]
+
+
+def report_cases(tokens: dict[str, str]) -> list[Case]:
+    """Reports of cn001 and cn002 (their tokens of this boot) in each form one can take,
+    valid and not, whole and in pieces; in order, one at a time (each may change the
+    node's state, which later answers show)."""
+    one, two = tokens["cn001"], tokens["cn002"]
+    hello = post(report_body("cn001", one, 1, "hello"))
+    beat = post(report_body("cn001", one, 2))
+    old = post(report_body("cn002", two, 3, "hello", protocol="1.3"))
+    cases = [
+        Case(CN001, (hello,)),
+        Case(CN001, halves(beat)),
+        Case(CN002, halves(old)),
+        Case(CN002, (post(report_body("cn002", two, 4, protocol="1.3")),)),
+        Case(CN001, (post(report_body("cn001", one, 5, "change", busy=True)),)),
+        Case(CN002, (post(report_body("cn001", one, 6)),)),  # another address: the token says
+        Case(CN001, (post(report_body("cn001", "0" * 32, 7)),)),  # wrong token: 403
+        Case(CN001, (post(report_body("cn002", one, 8)),)),  # cn002's with cn001's token
+        Case(CN001, (post(report_body("cn001", one, 9, node="nobody")),)),  # 404
+        Case(CN001, (post(report_body("cn001", one, 10, protocol="2.0")),)),  # 400, a problem
+        Case(CN001, (post(report_body("cn001", one, 11, protocol="1.4")),)),  # and well again
+        Case(CN001, (post(report_body("cn001", one, 12, seq="x")),)),  # 400
+        Case(CN001, (post(report_body("cn001", one, 13, mac="52:54:00:99:00:99")),)),
+        Case(CN001, (post(report_body("cn001", one, 14, hostname="h\u00e9")),)),  # UTF-8
+        Case(CN001, (post(report_body("cn001", one, 15, hostname="\ud800")),)),  # surrogate
+        Case(CN001, (post(b'{"a": 1}'),)),
+        Case(CN001, (post(b"[]"),)),
+        Case(CN001, (post(b"not json"),)),
+        Case(CN001, (post(b"[" * 100_000 + b"]" * 100_000),)),  # nested too deep, and long
+        Case(CN001, (post(json.dumps({"a": "\ud800"}).encode("utf-16")),)),
+        Case(CN001, (post(b""),)),
+        Case(
+            CN001,
+            (
+                post(report_body("cn001", one, 16)).replace(b"Connection: close\r\n", b""),
+                post(report_body("cn001", one, 17)),
+            ),
+        ),  # kept alive, then closed
+        Case(CN001, (post(report_body("cn001", one, 18), version="HTTP/1.0"),)),
+        Case(CN001, (post(report_body("cn001", one, 19), "Expect: 100-continue"),)),
+        Case(CN001, (post(report_body("cn001", one, 20), "Content-Encoding: gzip"),)),
+        Case(CN001, (post(report_body("cn001", one, 21), "Transfer-Encoding: chunked"),)),
+        Case(CN001, (post(report_body("cn001", one, 22), length=2 * 1024 * 1024),)),  # 413
+        Case(CN001, (post(report_body("cn001", one, 23), target=REPORT_PATH + "?x=1"),)),
+        Case(CN001, (post(report_body("cn001", one, 24), method="PUT"),)),
+        Case(CN001, (beat[:-5], beat[-5:])),  # the body's end later
+        Case(CN001, (beat[:-5], beat[-5:-2], beat[-2:])),  # in three pieces: aiohttp's
+        Case(CN001, (halves(beat)[0],)),  # the body never comes
+        Case(CN001, (post(report_body("cn001", one, 25), length=10),)),  # more than it said
+        Case(CN001, (hello + hello,)),  # pipelined
+        Case(CN001, (post(report_body("cn001", one, 26)),)),
+    ]
+    return cases
+
+
+def fuzzed_reports(tokens: dict[str, str], count: int, seed: int = 29) -> list[Case]:
+    """cn001's report with bytes of its head or body flipped, dropped or inserted; the
+    Content-Length then either follows the body or not; sent whole or as urllib sends."""
+    rng = random.Random(seed)
+    alphabet = b' :/\r\n\t.{}[]",0123456789aez-\\u\x00\x7f\xff'
+    cases = []
+    for seq in range(100, 100 + count):
+        head, body = halves(post(report_body("cn001", tokens["cn001"], seq)))
+        in_body = rng.random() < 0.7
+        part = bytearray(body if in_body else head)
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(len(part))
+            what = rng.randrange(3)
+            if what == 0:
+                part[at] = rng.choice(alphabet)
+            elif what == 1:
+                del part[at]
+            else:
+                part.insert(at, rng.choice(alphabet))
+        if not in_body:
+            head = bytes(part)
+        else:
+            body = bytes(part)
+            if rng.random() < 0.8:  # the length follows the body
+                head = re.sub(rb"Content-Length: \d+", b"Content-Length: %d" % len(body), head)
+        segments = (head + body,) if rng.random() < 0.5 else (head, body)
+        cases.append(Case(CN001, segments))
+    return cases
+
+
+def nodes_now(server: Server) -> list[tuple]:
+    """What reports change on cn001 and cn002, times aside."""
+    return [(n.run_state, n.busy, n.image_state, n.mac, n.hostname, n.problem, n.secure_boot,
+             n.agent_seq, n.agent_uptime, n.last_report is not None, sorted(n.agent))
+            for n in (server.nodes.nodes["cn001"], server.nodes.nodes["cn002"])]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["generated", "fuzzed"])
+def test_the_shortcut_answers_reports_as_the_general_path(make_config, kind: str) -> None:
+    """Each path has a server of its own; each run boots both nodes (their tokens of the
+    run) and sends its cases one at a time; after each the nodes' state is compared too. The beat key of an answer is
+    fresh each time, as the token is (which aiohttp's 400 may quote)."""
+
+    async def run(rig: Rig, port: int) -> tuple[list, list, Counter, Counter]:
+        """The normal answers, the nodes after each case, the metrics and log lines."""
+        tokens = {}
+        for name, address in ADDRESSES.items():
+            script = rig.server.policy.script_now(name, address)
+            assert script is not None
+            tokens[name] = re.search(r"layerpy\.token=(\S+)", script)[1]  # type: ignore[index]
+        cases = report_cases(tokens) if kind == "generated" else fuzzed_reports(tokens, FUZZ)
+        answers, states, metrics, lines = [], [], Counter(), Counter()
+        for case in cases:
+            said, counted, logged, _ = await run_all(rig.server, port, [case], together=1)
+            for answer, closed in said:
+                for name, token in tokens.items():  # (a 400 may quote one, however mangled)
+                    answer = answer.replace(token.encode(), f"<{name}'s token>".encode())
+                answers.append((re.sub(rb'"key": "[0-9a-f]+"', b'"key": -', answer), closed))
+            states.append(nodes_now(rig.server))
+            metrics.update(counted)
+            lines.update(logged)
+        return answers, states, +metrics, lines
+
+    async def compare() -> None:
+        async with listening(make_config, "general") as rig:
+            expected = await run(rig, rig.general)
+            assert rig.shortcut.answered == 0
+        async with listening(make_config, "fast") as rig:
+            got = await run(rig, rig.fast)
+            answered = rig.shortcut.answered
+        for number, (want, have) in enumerate(zip(expected[0], got[0], strict=True)):
+            assert have == want, (
+                f"case {number}: the shortcut answered\n{have}\nthe general path\n{want}"
+            )
+        assert got[1] == expected[1], "the nodes' state after a case differs"
+        assert got[2:] == expected[2:], "metrics or request-log lines differ"
+        assert answered >= (15 if kind == "generated" else 10), f"the shortcut answered {answered}"
 
     asyncio.run(compare())
 

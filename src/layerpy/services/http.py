@@ -23,7 +23,7 @@ from layerpy.boot import MINOS_FILES, Booter, Refused, SignedOnly
 from layerpy.catalog import Catalog
 from layerpy.logs import Throttle
 from layerpy.model import Phase
-from layerpy.nodes import DISCOVERY, ReportRejected
+from layerpy.nodes import DISCOVERY, Ack, ReportRejected
 from layerpy.proto import beat
 from layerpy.proto.agent import (
     FILES_PATH,
@@ -44,6 +44,7 @@ quiet = Throttle(log)  # lines a client can cause: a few a minute each
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 BODY_TIMEOUT = 10.0  # seconds to send a request body (the idle timeout covers headers)
+BODY_LIMIT = 1024 * 1024  # bytes of a request body on the boot network
 
 
 class PowerControl(Protocol):
@@ -103,7 +104,7 @@ def build_app(
     log_requests: bool = False,
 ) -> web.Application:
     """The boot network's app; `beats` hands out beat keys (None: no datagram beats)."""
-    app = web.Application(middlewares=[profile], client_max_size=1024 * 1024)
+    app = web.Application(middlewares=[profile], client_max_size=BODY_LIMIT)
     share(app, booter, stats, power, catalog, log_requests)
     app[BEATS] = beats
     app.add_routes(
@@ -207,27 +208,34 @@ async def minos_file(request: web.Request) -> QueuedFile:
 
 async def agent_report(request: web.Request) -> web.Response:
     payload = await read_json(request)
-    booter = request.app[BOOTER]
     try:
-        ack = await booter.report(payload)
+        ack = await request.app[BOOTER].report(payload)
     except ReportRejected as rejected:
-        remote = request.remote or "?"
-        quiet.log("report rejected", logging.WARNING, "rejected an agent report from %s: %s",
-                  remote, rejected.reason)  # fmt: skip
-        return web.json_response({"error": rejected.reason}, status=rejected.status)
-    power, heartbeat = request.app[POWER], booter.config.server.heartbeat
+        return web.json_response(refusal(rejected, request.remote), status=rejected.status)
+    return web.json_response(report_answer(request.app, payload, ack))
+
+
+def refusal(rejected: ReportRejected, remote: str | None) -> dict[str, str]:
+    """A refused report's answer (its status is the refusal's); logged a few a minute."""
+    quiet.log("report rejected", logging.WARNING, "rejected an agent report from %s: %s",
+              remote or "?", rejected.reason)  # fmt: skip
+    return {"error": rejected.reason}
+
+
+def report_answer(app: web.Application, payload: Any, ack: Ack) -> dict[str, Any]:
+    """The answer to an admitted report (services.shortcut answers with it too)."""
+    booter, power = app[BOOTER], app[POWER]
+    heartbeat = booter.config.server.heartbeat
     servers = booter.servers_of(ack.node)  # alone, it says nothing: agents keep theirs
     servers = servers if len(servers) > 1 else None
     if ack.node == DISCOVERY:
-        answer = Answer(ack.node, heartbeat, identity=ack.identity, servers=servers)
-    else:
-        image, files = power.image_spec(ack.node), power.files_spec(ack.node)
-        beats = request.app[BEATS]
-        offer = None
-        if beats is not None and ack.identity is None and beat.speaks(payload["protocol"]):
-            offer = beats.offer(ack.node, payload["seq"])
-        answer = Answer(ack.node, heartbeat, image, files, ack.identity, servers, offer)
-    return web.json_response(encode(answer))
+        return encode(Answer(ack.node, heartbeat, identity=ack.identity, servers=servers))
+    image, files = power.image_spec(ack.node), power.files_spec(ack.node)
+    beats = app[BEATS]
+    offer = None
+    if beats is not None and ack.identity is None and beat.speaks(payload["protocol"]):
+        offer = beats.offer(ack.node, payload["seq"])
+    return encode(Answer(ack.node, heartbeat, image, files, ack.identity, servers, offer))
 
 
 async def image_file(request: web.Request) -> web.StreamResponse:
@@ -449,8 +457,7 @@ async def read_json(request: web.Request) -> Any:
     try:
         async with asyncio.timeout(BODY_TIMEOUT):
             raw = await request.read()
-        body = json.loads(raw)
-        json.dumps(body, ensure_ascii=False).encode()  # lone surrogates fail here
+        body = json_body(raw)
     except web.HTTPRequestEntityTooLarge:
         raise _too_large(request) from None
     except TimeoutError:
@@ -461,6 +468,17 @@ async def read_json(request: web.Request) -> Any:
         raise web.HTTPBadRequest(text="the body is not valid Unicode text\n") from None
     except ValueError:
         raise web.HTTPBadRequest(text="the body must be JSON\n") from None
+    return body
+
+
+def json_body(raw: bytes) -> Any:
+    """JSON as a body holds it; raises ValueError (not JSON), RecursionError (nested too
+    deep) or UnicodeError (a lone surrogate, which json.loads lets through). UTF-8 in
+    ASCII without a \\u escape cannot hold one (UTF-16 and -32 hold NULs): only other text
+    is encoded again to find out."""
+    body = json.loads(raw)
+    if not raw.isascii() or b"\\u" in raw or b"\0" in raw:
+        json.dumps(body, ensure_ascii=False).encode()  # lone surrogates fail here
     return body
 
 

@@ -17,6 +17,7 @@ and logged once per episode, not once per connection.
 from __future__ import annotations
 
 import asyncio
+import enum
 import grp
 import logging
 import os
@@ -39,8 +40,20 @@ quiet = Throttle(log)
 IDLE_TIMEOUT = 15.0  # seconds a connection may sit without a complete request
 BACKLOG = 4096  # handshakes queued for accept() (the kernel caps it at net.core.somaxconn)
 PER_ADDRESS_CAP = "http per-address cap"  # the log's kind for an address over its cap
-# answers a segment at once (response bytes, close after) or declines it (None)
-Shortcut = Callable[[bytes, str], tuple[bytes, bool] | None]
+
+
+class More(enum.Enum):
+    """A shortcut's word for bytes it would answer once the rest of the request is in."""
+
+    MORE = "more"
+
+
+MORE = More.MORE
+HOLD = 1.0  # seconds the rest of a request may take to come before aiohttp is given it
+# answers a connection's bytes at once (response bytes, close after), keeps them for the
+# rest of their request (MORE), or declines them (None)
+ShortcutAnswer = tuple[bytes, bool] | More | None
+Shortcut = Callable[[bytes, str], ShortcutAnswer]
 
 
 class Held(Protocol):
@@ -179,8 +192,11 @@ class _Admitted(asyncio.Protocol):
 
     With a `shortcut` (services.shortcut), segments it answers never reach aiohttp: the
     handler is made at the first one it declines, which it then gets as a first byte.
-    Until then the timer closes the connection IDLE_TIMEOUT after its last answer, and a
-    client that takes no answers (the transport's buffer full) is not read from."""
+    A segment that begins a request it would answer (a report's head, its body on the
+    way) is kept for the next: with it, the shortcut answers or declines both; when no
+    next comes within HOLD, aiohttp is given it. Until then the timer closes the
+    connection IDLE_TIMEOUT after its last answer, and a client that takes no answers
+    (the transport's buffer full) is not read from."""
 
     def __init__(
         self,
@@ -196,9 +212,13 @@ class _Admitted(asyncio.Protocol):
         self.inner: asyncio.Protocol | None = None  # aiohttp's handler, from the first byte
         self.timer: asyncio.TimerHandle | None = None
         self.answered = 0.0  # loop time of the last shortcut answer (or the connection)
+        self.held = b""  # the start of a request the shortcut waits to see whole
+        self.holding: asyncio.TimerHandle | None = None  # gives it to aiohttp after HOLD
 
     def idle(self) -> bool:
-        return self.inner is None or not in_request(self.inner)
+        if self.inner is None:
+            return not self.held
+        return not in_request(self.inner)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
@@ -220,10 +240,12 @@ class _Admitted(asyncio.Protocol):
             self.transport.abort()
 
     def _expire(self) -> None:
-        """IDLE_TIMEOUT without a request since the connection or the last answer."""
+        """IDLE_TIMEOUT without a request since the connection or the last answer (not
+        while a request's start is kept: its hand-over to aiohttp comes first)."""
         loop = asyncio.get_running_loop()
-        if (left := self.answered + IDLE_TIMEOUT - loop.time()) > 0:
-            self.timer = loop.call_later(left, self._expire)
+        left = self.answered + IDLE_TIMEOUT - loop.time()
+        if left > 0 or self.held:
+            self.timer = loop.call_later(max(left, HOLD) if self.held else left, self._expire)
         else:
             self.shed()
 
@@ -231,19 +253,47 @@ class _Admitted(asyncio.Protocol):
         if self.inner is None:
             if self.transport is None:
                 return
-            if self.shortcut is not None and self._answer(self.transport, data):
+            held, self.held = self.held, b""
+            if self.holding is not None:
+                self.holding.cancel()
+                self.holding = None
+            if self.shortcut is not None and self._answer(self.transport, held + data, bool(held)):
                 return
-            if self.timer is not None:
-                self.timer.cancel()
-            self.inner = self.make_handler()
-            self.inner.connection_made(self.transport)
+            self._hand_over()
+            assert self.inner is not None
+            if held:  # the segments as they came: aiohttp's parser may tell them apart
+                self.inner.data_received(held)
+        assert self.inner is not None
         self.inner.data_received(data)
 
-    def _answer(self, transport: asyncio.Transport, data: bytes) -> bool:
-        """Whether the shortcut answered `data` (else aiohttp is to have it)."""
+    def _hand_over(self) -> None:
+        """aiohttp's handler takes the connection from here on."""
+        if self.timer is not None:
+            self.timer.cancel()
+        self.inner = self.make_handler()
+        self.inner.connection_made(self.transport)
+
+    def _give_held(self) -> None:
+        """aiohttp waits for the rest of a kept request: it did not come within HOLD, or
+        the client ended its side."""
+        if self.holding is not None:
+            self.holding.cancel()
+            self.holding = None
+        held, self.held = self.held, b""
+        self._hand_over()
+        assert self.inner is not None
+        self.inner.data_received(held)
+
+    def _answer(self, transport: asyncio.Transport, data: bytes, was_held: bool) -> bool:
+        """Whether the shortcut answered `data` or keeps it (else aiohttp is to have it);
+        bytes are kept once, for one more segment."""
         assert self.shortcut is not None
         answer = self.shortcut(data, self.address)
-        if answer is None:
+        if answer is MORE and not was_held:
+            self.held = data
+            self.holding = asyncio.get_running_loop().call_later(HOLD, self._give_held)
+            return True
+        if answer is None or answer is MORE:
             return False
         response, close = answer
         transport.write(response)
@@ -254,15 +304,21 @@ class _Admitted(asyncio.Protocol):
         return True
 
     def eof_received(self) -> bool | None:
+        if self.held:  # the rest will never come: as aiohttp would have met the end
+            self._give_held()
         return self.inner.eof_received() if self.inner is not None else None
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.transport is None:
             return
+        if self.held:  # as aiohttp would have met it: a request begun, then the end
+            self._give_held()
         self.admission.release(self)
         self.transport = None
         if self.timer is not None:
             self.timer.cancel()
+        if self.holding is not None:
+            self.holding.cancel()
         if self.inner is not None:
             self.inner.connection_lost(exc)
             self.inner = None
