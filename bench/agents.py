@@ -106,7 +106,9 @@ class Connection:
         closing = "Connection: close\r\n" if close else ""
         head = (f"{method} {path} HTTP/1.1\r\nHost: {self.server}\r\nContent-Type: "
                 f"application/json\r\nContent-Length: {len(body)}\r\n{closing}\r\n")  # fmt: skip
-        self.writer.write(head.encode() + body)
+        self.writer.write(head.encode())  # two sends, as urllib's http.client makes them
+        if body:
+            self.writer.write(body)
         answer = await self.reader.readuntil(b"\r\n\r\n")
         status = int(answer.split(b" ", 2)[1])
         length = re.search(rb"(?i)content-length: *(\d+)", answer)

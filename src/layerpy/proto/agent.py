@@ -15,6 +15,7 @@ says so in one line and ignores the message; a minor version only adds optional 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
@@ -127,6 +128,8 @@ def _pattern(regex: re.Pattern[str], what: str) -> Check:
 def _text(value: Any, where: str) -> str:
     """Free text: printable, one line, bounded (it reaches logs and terminals)."""
     text = _kind(value, str, "a string", where)[:MAX_TEXT]
+    if text.isprintable():  # (the common case: nothing to replace)
+        return text
     return "".join(ch if ch.isprintable() else "?" for ch in text)
 
 
@@ -180,12 +183,14 @@ def _record(cls: type) -> Check:
     return lambda value, where: decode(cls, value, where)
 
 
+_seconds = _optional(_number(0, 1e9))
+
+
 def _timeline(value: Any, where: str) -> dict[str, float | None]:
     entries = _kind(value, dict, "an object", where)
     if len(entries) > MAX_TIMELINE:
         raise ContractError(f"{where} has more than {MAX_TIMELINE} entries")
-    check = _optional(_number(0, 1e9))
-    return {_text(k, where)[:40]: check(v, f"{where}.{k[:40]}") for k, v in entries.items()}
+    return {_text(k, where)[:40]: _seconds(v, f"{where}.{k[:40]}") for k, v in entries.items()}
 
 
 def _object(value: Any, where: str) -> dict[str, Any]:
@@ -303,12 +308,23 @@ def decode(cls: type, obj: Any, where: str) -> Any:
     """A record from JSON: every field checked, unknown keys ignored (a newer minor)."""
     obj = _kind(obj, dict, "an object", where)
     values = {}
-    for f in fields(cls):
-        if f.name in obj:
-            values[f.name] = f.metadata["check"](obj[f.name], f"{where}.{f.name}")
-        elif f.default is MISSING and f.default_factory is MISSING:
-            raise ContractError(f"{where}.{f.name} is missing")
+    for name, check, required, at in _plan(cls, where):
+        if name in obj:
+            values[name] = check(obj[name], at)
+        elif required:
+            raise ContractError(f"{at} is missing")
     return cls(**values)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(cls: type, where: str) -> tuple[tuple[str, Check, bool, str], ...]:
+    """How decode reads a record's fields at `where`: each one's name, check, whether it
+    is required, and where it is (made once, not per record: a report per heartbeat)."""
+    return tuple(
+        (f.name, f.metadata["check"], f.default is MISSING and f.default_factory is MISSING,
+         f"{where}.{f.name}")
+        for f in fields(cls)
+    )  # fmt: skip
 
 
 def encode(value: Any) -> Any:
