@@ -159,6 +159,10 @@ class Agents:
         # beats awaiting their reply, oldest first: seq -> (node, key, sent at)
         self.waiting: dict[int, tuple[int, bytes, float]] = {}
         self.reporting: set[asyncio.Task[None]] = set()
+        # full reports on the wire at once, whatever sent them: lost beats come in bursts
+        # after a pause, and one process cannot open a connection for each of them at once
+        self.most = args.in_flight or 4 * args.connections * len(self.servers)
+        self.in_flight = asyncio.Semaphore(self.most)
         self.failing = False
 
     async def open_datagrams(self) -> None:
@@ -316,7 +320,8 @@ class Agents:
     async def heartbeat(self, index: int, began: float, server: str, port: int) -> None:
         """A heartbeat reported in full over HTTP."""
         try:
-            ok = await self.report(index, server, port)
+            async with self.in_flight:
+                ok = await self.report(index, server, port)
             self.counts["ok" if ok else "failed"] += 1
         except ConnectionError:
             self.counts["failed"] += 1
@@ -333,7 +338,6 @@ class Agents:
         loop = asyncio.get_running_loop()
         count, interval = len(self.nodes), self.args.interval
         start = loop.time()
-        most = self.args.in_flight or 4 * self.args.connections * len(self.servers)
         for tick in range(10**12):
             index = tick % count
             slot = start + tick * interval / count
@@ -355,7 +359,7 @@ class Agents:
                 continue
             server, port = self.aimed[:2] if self.aimed else (self.route[index], self.args.port)
             self.spawn(self.heartbeat(index, time.perf_counter(), server, port))
-            if len(self.reporting) > most:
+            if len(self.reporting) > self.most:
                 await asyncio.wait(self.reporting, return_when=asyncio.FIRST_COMPLETED)
 
     async def say(self) -> None:
