@@ -74,6 +74,7 @@ from layerpy.proto.agent import (
 BEAT_WAIT = 2.0  # seconds for a datagram's reply, as the agent (agent/core.py)
 BEAT_MISSES = 3  # unanswered in a row before a node's beats go by HTTP only, as the agent
 SOON = 0.001  # seconds: the slots due this soon go now, with one wakeup of the loop
+PROBE = 0.01  # seconds between looks at this process's own loop
 
 
 class Connection:
@@ -164,6 +165,7 @@ class Agents:
         self.most = args.in_flight or 4 * args.connections * len(self.servers)
         self.in_flight = asyncio.Semaphore(self.most)
         self.failing = False
+        self.lag = 0.0  # seconds: the loop's longest pause (probe)
 
     async def open_datagrams(self) -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -362,6 +364,15 @@ class Agents:
             if len(self.reporting) > self.most:
                 await asyncio.wait(self.reporting, return_when=asyncio.FIRST_COMPLETED)
 
+    async def probe(self) -> None:
+        """The longest pause of this process's own loop since `window` (a round trip timed
+        here includes it)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            began = loop.time()
+            await asyncio.sleep(PROBE)
+            self.lag = max(self.lag, loop.time() - began - PROBE)
+
     async def say(self) -> None:
         while True:
             await asyncio.sleep(1.0)
@@ -380,9 +391,10 @@ class Agents:
                 await self.boot_all(chosen)
                 print(json.dumps({"t": time.time(), "rebooted": len(chosen)}), flush=True)
             elif word == "window":
-                self.window = []
+                self.window, self.lag = [], 0.0
             elif word == "summary":
                 said = {"count": len(self.window or [])} | percentiles(self.window or [])
+                said["client_lag_ms"] = 1000 * self.lag
                 print(json.dumps({"t": time.time(), "summary": said}), flush=True)
                 self.window = None
             elif word == "aim":
@@ -429,7 +441,8 @@ async def main() -> None:
     args = parser.parse_args()
     agents = Agents(args)
     await agents.open_datagrams()
-    await asyncio.gather(agents.say(), agents.boot_all(list(range(len(agents.nodes)))),
+    everyone = list(range(len(agents.nodes)))
+    await asyncio.gather(agents.say(), agents.probe(), agents.boot_all(everyone),
                          agents.heartbeats(), agents.unanswered(), agents.commands())  # fmt: skip
 
 

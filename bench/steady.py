@@ -235,6 +235,7 @@ def show(rows: list[dict[str, Any]]) -> None:
         ours, theirs = row["ours"], row["theirs"]
         notes = [f"booted in {row['boot_s']:.0f} s", f"server RSS {row['rss'] / 2**20:.0f} MB",
                  f"client CPU {100 * ours['client_cpu']:.0f} %",
+                 f"client's longest pause {ours.get('client_lag_ms', math.nan):.0f} ms",
                  f"nginx heard every {row['every']}. node", f"load {row['load']}"]  # fmt: skip
         for name, figures in (("layerpy", ours), ("nginx", theirs)):
             trouble = {k: figures[k] for k in ("failed", "late", "beats_lost") if figures[k]}
