@@ -135,7 +135,10 @@ class Shortcut:
     def _report(
         self, message: RawRequestMessage, body: bytes, remote: str, started: float
     ) -> ShortcutAnswer:
-        length = int(message.headers.get(hdrs.CONTENT_LENGTH, "-1"))  # the parser checked it
+        said = message.headers.get(hdrs.CONTENT_LENGTH, "")  # (the parser checked it too)
+        if not (said.isascii() and said.isdigit()):
+            return None
+        length = int(said)
         if not 0 < length <= BODY_LIMIT or len(body) > length:
             return None
         if len(body) < length:
