@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from reference import cpu_seconds, nginx_config, start_pinned  # noqa: E402
+from reference import cpu_seconds, nginx_config, one_node_file, start_pinned  # noqa: E402
 
 from netns import Link  # noqa: E402
 from nodefile import BOOT_SECTIONS, write_boot_files  # noqa: E402
@@ -41,25 +41,8 @@ def node_file(directory: Path, interface: str) -> Path:
     """One node, at the client's address; the stand-in boot files with a real-sized kernel."""
     write_boot_files(directory)
     (directory / "vmlinuz").write_bytes(os.urandom(SIZE))
-    path = directory / "nodes.toml"
-    path.write_text(f"""\
-[server]
-interface = "{interface}"
-address = "{SERVER}"
-state_dir = "state"
-dhcp_probe = 0
-http_port = {PORTS["layerpy"]}
-
-[network]
-subnet = "10.78.0.0/24"
-
-{BOOT_SECTIONS}
-[groups.bench]
-nodes = "bn001"
-ip = "{NODE}"
-mac = ["52:54:00:78:00:11"]
-""")
-    return path
+    return one_node_file(directory, interface, SERVER, NODE, PORTS["layerpy"], BOOT_SECTIONS,
+                         "52:54:00:78:00:11")  # fmt: skip
 
 
 def start(link: Link, directory: Path, name: str, command: list[str]) -> subprocess.Popen:

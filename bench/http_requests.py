@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from reference import cpu_split, nginx_config, start_pinned  # noqa: E402
+from reference import cpu_split, nginx_config, one_node_file, start_pinned  # noqa: E402
 
 from netns import Link  # noqa: E402
 from nodefile import write_boot_files  # noqa: E402
@@ -46,18 +46,7 @@ SERVER_CPU, CLIENT_CPU = "0", "1"
 def node_file(directory: Path, interface: str) -> Path:
     """One node at the client's address; its kernel command line padded to ~1 KiB."""
     write_boot_files(directory)
-    path = directory / "nodes.toml"
-    path.write_text(f"""\
-[server]
-interface = "{interface}"
-address = "{SERVER}"
-state_dir = "state"
-dhcp_probe = 0
-http_port = {PORTS["layerpy"]}
-
-[network]
-subnet = "10.79.0.0/24"
-
+    boot = f"""\
 [minos]
 kernel = "vmlinuz"
 initrd = "initrd"
@@ -65,13 +54,9 @@ cmdline = "console=ttyS0 {PAD}"
 
 [ipxe]
 dir = "ipxe"
-
-[groups.bench]
-nodes = "bn001"
-ip = "{NODE}"
-mac = ["52:54:00:79:00:11"]
-""")
-    return path
+"""
+    return one_node_file(directory, interface, SERVER, NODE, PORTS["layerpy"], boot,
+                         "52:54:00:79:00:11")  # fmt: skip
 
 
 def start(link: Link, directory: Path, name: str, command: list[str]) -> subprocess.Popen:

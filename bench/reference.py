@@ -58,3 +58,28 @@ def start_pinned(link, directory: Path, name: str, command: list[str], url: str,
             sys.exit(f"{name} did not start: {(directory / f'{name}.log').read_text()[-2000:]}")
         time.sleep(0.2)
     return process
+
+
+def one_node_file(directory: Path, interface: str, server: str, node: str, port: int,
+                  boot_sections: str, mac: str) -> Path:  # fmt: skip
+    """The node file of the HTTP benches: bn001 alone, at the client's address `node`,
+    served from `server` on `port` of its /24; `boot_sections` say its minOS and iPXE."""
+    path = directory / "nodes.toml"
+    path.write_text(f"""\
+[server]
+interface = "{interface}"
+address = "{server}"
+state_dir = "state"
+dhcp_probe = 0
+http_port = {port}
+
+[network]
+subnet = "{node.rsplit(".", 1)[0]}.0/24"
+
+{boot_sections}
+[groups.bench]
+nodes = "bn001"
+ip = "{node}"
+mac = ["{mac}"]
+""")
+    return path
